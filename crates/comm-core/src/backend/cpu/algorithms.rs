@@ -1,0 +1,323 @@
+//! The classic collective algorithms, CPU-mediated as Gloo runs them, over any [`Transport`].
+//! They work in place on host slices; `CpuComm` builds the out-of-place calls on top.
+//!
+//! - broadcast: a binomial tree for small messages (log2 n hops), a pipelined chain for large ones
+//!   (each rank forwards a segment while receiving the next, so time ≈ bytes / bandwidth).
+//! - all_reduce: small messages go straight to every peer and each rank reduces all n buffers in
+//!   rank order (one round, identical bits everywhere); large ones take the ring: reduce-scatter,
+//!   then all-gather, each n-1 steps moving 1/n of the buffer, so every link carries
+//!   2(n-1)/n × bytes — the factor in nccl-tests' busbw.
+//! - reduce_scatter and all_gather: the two halves of that ring.
+//! - reduce: a binomial tree for small messages; ring reduce-scatter then a gather for large.
+
+use std::ops::Range;
+
+use bytemuck::{cast_slice, cast_slice_mut};
+
+use super::transport::Transport;
+use crate::dtype::{finish, reduce_into, Element, ReduceOp};
+use crate::error::{CommError, Result};
+
+/// Up to this many bytes, latency matters more than bandwidth.
+const SMALL_BYTES: usize = 64 << 10;
+/// The all_reduce direct exchange sends the whole buffer to each peer; up to this many bytes in all.
+const DIRECT_ALL_REDUCE_BYTES: usize = 256 << 10;
+/// Pipeline piece: large enough to amortize a message, small enough to overlap reduce and transfer.
+const SEGMENT_BYTES: usize = 1 << 20;
+
+/// Block `i` of `n` nearly equal blocks of `len` elements (sizes differ by at most one).
+pub fn block(len: usize, n: usize, i: usize) -> Range<usize> {
+    i * len / n..(i + 1) * len / n
+}
+
+/// `(&buf[a], &mut buf[b])` for two ranges that do not overlap.
+fn split_pair<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T], &mut [T]) {
+    if a.start >= b.end {
+        let (low, high) = buf.split_at_mut(a.start);
+        (&high[..a.len()], &mut low[b])
+    } else {
+        assert!(a.end <= b.start, "overlapping blocks {a:?} and {b:?}");
+        let (low, high) = buf.split_at_mut(b.start);
+        (&low[a], &mut high[..b.len()])
+    }
+}
+
+fn thread_panicked() -> CommError {
+    CommError::Peer("a communication thread panicked".into())
+}
+
+/// Rank relative to the root, and back.
+fn relative(rank: usize, root: usize, n: usize) -> usize {
+    (rank + n - root) % n
+}
+fn absolute(vrank: usize, root: usize, n: usize) -> usize {
+    (vrank + root) % n
+}
+
+pub fn broadcast<T: Element>(t: &dyn Transport, buf: &mut [T], root: usize) -> Result<()> {
+    let bytes: &mut [u8] = cast_slice_mut(buf);
+    match t.world_size() {
+        1 => Ok(()),
+        _ if bytes.len() <= SMALL_BYTES => tree_broadcast(t, bytes, root),
+        _ => chain_broadcast(t, bytes, root),
+    }
+}
+
+/// Binomial tree: in round k every rank that has the data sends it 2^k ranks further.
+fn tree_broadcast(t: &dyn Transport, bytes: &mut [u8], root: usize) -> Result<()> {
+    let (n, vr) = (t.world_size(), relative(t.rank(), root, t.world_size()));
+    let mut mask = 1;
+    while mask < n {
+        if vr & mask != 0 {
+            t.recv(absolute(vr - mask, root, n), bytes)?;
+            break;
+        }
+        mask <<= 1;
+    }
+    mask >>= 1;
+    while mask > 0 {
+        if vr + mask < n {
+            t.send(absolute(vr + mask, root, n), bytes)?;
+        }
+        mask >>= 1;
+    }
+    Ok(())
+}
+
+/// Chain root → root+1 → …: each rank forwards segment k while it receives segment k+1.
+fn chain_broadcast(t: &dyn Transport, bytes: &mut [u8], root: usize) -> Result<()> {
+    let (n, vr) = (t.world_size(), relative(t.rank(), root, t.world_size()));
+    let next = (vr + 1 < n).then(|| absolute(vr + 1, root, n));
+    if vr == 0 {
+        for segment in bytes.chunks(SEGMENT_BYTES) {
+            t.send(next.unwrap(), segment)?;
+        }
+        return Ok(());
+    }
+    let prev = absolute(vr - 1, root, n);
+    let Some(next) = next else {
+        for segment in bytes.chunks_mut(SEGMENT_BYTES) {
+            t.recv(prev, segment)?;
+        }
+        return Ok(());
+    };
+    std::thread::scope(|s| {
+        let (ready, arrived) = crossbeam_channel::unbounded::<&[u8]>();
+        let forwarder = s.spawn(move || -> Result<()> {
+            for segment in arrived {
+                t.send(next, segment)?;
+            }
+            Ok(())
+        });
+        let mut received = Ok(());
+        for segment in bytes.chunks_mut(SEGMENT_BYTES) {
+            received = t.recv(prev, segment);
+            // A failed forwarder drops its end; its error is reported below.
+            if received.is_err() || ready.send(&*segment).is_err() {
+                break;
+            }
+        }
+        drop(ready);
+        let forwarded = forwarder.join().map_err(|_| thread_panicked())?;
+        received.and(forwarded)
+    })
+}
+
+pub fn all_reduce<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp) -> Result<()> {
+    let n = t.world_size();
+    if n == 1 {
+        finish(op, buf, 1);
+        return Ok(());
+    }
+    if std::mem::size_of_val(buf) * (n - 1) <= DIRECT_ALL_REDUCE_BYTES {
+        return direct_all_reduce(t, buf, op);
+    }
+    let blocks: Vec<_> = (0..n).map(|i| block(buf.len(), n, i)).collect();
+    ring_reduce_scatter(t, buf, op, &blocks)?;
+    finish(op, &mut buf[blocks[t.rank()].clone()], n);
+    ring_all_gather(t, buf, &blocks)
+}
+
+/// Every rank sends its buffer to every other, then reduces all n in rank order.
+fn direct_all_reduce<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp) -> Result<()> {
+    let (n, rank) = (t.world_size(), t.rank());
+    let mut all: Vec<Vec<T>> = (0..n).map(|_| vec![T::default(); buf.len()]).collect();
+    for step in 1..n {
+        let (to, from) = ((rank + step) % n, (rank + n - step) % n);
+        t.send_recv(to, cast_slice(buf), from, cast_slice_mut(&mut all[from]))?;
+    }
+    all[rank].copy_from_slice(buf);
+    buf.copy_from_slice(&all[0]);
+    for other in &all[1..] {
+        reduce_into(op, buf, other);
+    }
+    finish(op, buf, n);
+    Ok(())
+}
+
+/// Ring reduce-scatter over `blocks`: afterwards block `rank` holds the reduction of every rank's
+/// block (without Avg's division). Step s sends the block reduced at step s-1 to the next rank
+/// while receiving and reducing another from the previous one, segment by segment.
+pub fn ring_reduce_scatter<T: Element>(
+    t: &dyn Transport,
+    buf: &mut [T],
+    op: ReduceOp,
+    blocks: &[Range<usize>],
+) -> Result<()> {
+    let (n, rank) = (t.world_size(), t.rank());
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let segment = (SEGMENT_BYTES / std::mem::size_of::<T>()).max(1);
+    let largest = blocks.iter().map(|b| b.len()).max().unwrap_or(0);
+    let mut incoming = vec![T::default(); segment.min(largest)];
+    for step in 0..n - 1 {
+        let send_block = blocks[(rank + 2 * n - step - 1) % n].clone();
+        let recv_block = blocks[(rank + 2 * n - step - 2) % n].clone();
+        let (outgoing, acc) = split_pair(buf, send_block, recv_block);
+        std::thread::scope(|s| {
+            let sender = s.spawn(|| -> Result<()> {
+                for piece in outgoing.chunks(segment) {
+                    t.send(next, cast_slice(piece))?;
+                }
+                // A zero-length block still sends one (empty) message, so steps stay in lockstep.
+                if outgoing.is_empty() {
+                    t.send(next, &[])?;
+                }
+                Ok(())
+            });
+            let received = (|| {
+                for piece in acc.chunks_mut(segment) {
+                    let incoming = &mut incoming[..piece.len()];
+                    t.recv(prev, cast_slice_mut(incoming))?;
+                    reduce_into(op, piece, incoming);
+                }
+                if acc.is_empty() {
+                    t.recv(prev, &mut [])?;
+                }
+                Ok(())
+            })();
+            let sent = sender.join().map_err(|_| thread_panicked())?;
+            received.and(sent)
+        })?;
+    }
+    Ok(())
+}
+
+/// Ring all-gather over `blocks`, block `rank` being this rank's: in n-1 steps every block goes
+/// once around the ring.
+pub fn ring_all_gather<T: Element>(
+    t: &dyn Transport,
+    buf: &mut [T],
+    blocks: &[Range<usize>],
+) -> Result<()> {
+    let (n, rank) = (t.world_size(), t.rank());
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    for step in 0..n - 1 {
+        let send_block = blocks[(rank + n - step) % n].clone();
+        let recv_block = blocks[(rank + 2 * n - step - 1) % n].clone();
+        let (outgoing, incoming) = split_pair(buf, send_block, recv_block);
+        t.send_recv(next, cast_slice(outgoing), prev, cast_slice_mut(incoming))?;
+    }
+    Ok(())
+}
+
+/// `buf` holds n equal blocks; afterwards block `rank` holds their reduction over all ranks.
+pub fn reduce_scatter<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp) -> Result<()> {
+    let n = t.world_size();
+    let count = buf.len() / n;
+    let blocks: Vec<_> = (0..n).map(|i| i * count..(i + 1) * count).collect();
+    if n > 1 {
+        ring_reduce_scatter(t, buf, op, &blocks)?;
+    }
+    finish(op, &mut buf[blocks[t.rank()].clone()], n);
+    Ok(())
+}
+
+/// `buf` holds n equal blocks, this rank's at block `rank`; afterwards every block is filled.
+pub fn all_gather<T: Element>(t: &dyn Transport, buf: &mut [T]) -> Result<()> {
+    let n = t.world_size();
+    let count = buf.len() / n;
+    let blocks: Vec<_> = (0..n).map(|i| i * count..(i + 1) * count).collect();
+    if n > 1 {
+        ring_all_gather(t, buf, &blocks)?;
+    }
+    Ok(())
+}
+
+/// Reduces every rank's `buf` into the root's; other ranks' buffers are left as they were.
+pub fn reduce<T: Element>(
+    t: &dyn Transport,
+    buf: &mut [T],
+    op: ReduceOp,
+    root: usize,
+) -> Result<()> {
+    let (n, rank) = (t.world_size(), t.rank());
+    if n == 1 {
+        finish(op, buf, 1);
+        return Ok(());
+    }
+    let mut scratch;
+    let acc: &mut [T] = if rank == root {
+        buf
+    } else {
+        scratch = buf.to_vec();
+        &mut scratch
+    };
+    if std::mem::size_of_val(acc) <= SMALL_BYTES {
+        tree_reduce(t, acc, op, root)?;
+    } else {
+        // Ring reduce-scatter, then every rank hands its finished block to the root.
+        let blocks: Vec<_> = (0..n).map(|i| block(acc.len(), n, i)).collect();
+        ring_reduce_scatter(t, acc, op, &blocks)?;
+        if rank == root {
+            for (peer, range) in blocks.iter().enumerate().filter(|(p, _)| *p != root) {
+                t.recv(peer, cast_slice_mut(&mut acc[range.clone()]))?;
+            }
+        } else {
+            t.send(root, cast_slice(&acc[blocks[rank].clone()]))?;
+        }
+    }
+    if rank == root {
+        finish(op, acc, n);
+    }
+    Ok(())
+}
+
+/// Binomial tree towards the root: in round k, ranks with bit k set hand their partial result to
+/// the rank 2^k below and drop out.
+fn tree_reduce<T: Element>(
+    t: &dyn Transport,
+    acc: &mut [T],
+    op: ReduceOp,
+    root: usize,
+) -> Result<()> {
+    let (n, vr) = (t.world_size(), relative(t.rank(), root, t.world_size()));
+    let mut incoming = vec![T::default(); acc.len()];
+    let mut mask = 1;
+    while mask < n {
+        if vr & mask != 0 {
+            return t.send(absolute(vr - mask, root, n), cast_slice(acc));
+        }
+        if vr + mask < n {
+            t.recv(absolute(vr + mask, root, n), cast_slice_mut(&mut incoming))?;
+            reduce_into(op, acc, &incoming);
+        }
+        mask <<= 1;
+    }
+    Ok(())
+}
+
+/// Dissemination barrier: in round k each rank signals rank+2^k and hears from rank-2^k.
+pub fn barrier(t: &dyn Transport) -> Result<()> {
+    let (n, rank) = (t.world_size(), t.rank());
+    let mut distance = 1;
+    while distance < n {
+        t.send_recv(
+            (rank + distance) % n,
+            &[1],
+            (rank + n - distance) % n,
+            &mut [0],
+        )?;
+        distance <<= 1;
+    }
+    Ok(())
+}

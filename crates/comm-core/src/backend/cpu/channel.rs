@@ -1,0 +1,84 @@
+//! Threads as ranks: an in-process transport over crossbeam channels, one per ordered pair of
+//! ranks. The test suite uses it to cover many world sizes quickly.
+
+use std::time::Duration;
+
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
+
+use super::transport::{size_mismatch, Transport};
+use crate::error::{CommError, Result};
+
+pub struct ChannelTransport {
+    rank: usize,
+    to: Vec<Sender<Vec<u8>>>,
+    from: Vec<Receiver<Vec<u8>>>,
+    timeout: Duration,
+}
+
+impl ChannelTransport {
+    /// A fully connected set of `world_size` endpoints; give one to each thread.
+    pub fn mesh(world_size: usize, timeout: Duration) -> Vec<ChannelTransport> {
+        // channels[src][dst]
+        let channels: Vec<Vec<_>> = (0..world_size)
+            .map(|_| (0..world_size).map(|_| unbounded()).collect())
+            .collect();
+        (0..world_size)
+            .map(|rank| ChannelTransport {
+                rank,
+                to: (0..world_size)
+                    .map(|dst| channels[rank][dst].0.clone())
+                    .collect(),
+                from: (0..world_size)
+                    .map(|src| channels[src][rank].1.clone())
+                    .collect(),
+                timeout,
+            })
+            .collect()
+    }
+}
+
+impl Transport for ChannelTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.to.len()
+    }
+
+    fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
+        self.to[peer]
+            .send(data.to_vec())
+            .map_err(|_| CommError::Peer(format!("rank {peer} is gone (its thread ended)")))
+    }
+
+    fn recv(&self, peer: usize, out: &mut [u8]) -> Result<()> {
+        let message = self.from[peer]
+            .recv_timeout(self.timeout)
+            .map_err(|e| match e {
+                RecvTimeoutError::Timeout => CommError::Timeout {
+                    what: format!("rank {peer} to send to rank {}", self.rank),
+                    timeout: self.timeout,
+                    detail: String::new(),
+                },
+                RecvTimeoutError::Disconnected => {
+                    CommError::Peer(format!("rank {peer} is gone (its thread ended)"))
+                }
+            })?;
+        if message.len() != out.len() {
+            return Err(size_mismatch(self.rank, peer, message.len(), out.len()));
+        }
+        out.copy_from_slice(&message);
+        Ok(())
+    }
+
+    /// Sends never block here, so no thread is needed.
+    fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
+        self.send(to, data)?;
+        self.recv(from, out)
+    }
+
+    fn name(&self) -> &'static str {
+        "channels"
+    }
+}

@@ -1,0 +1,360 @@
+//! The communicator: a group of ranks that run collectives together, whatever the backend. Its
+//! calls mirror NCCL's: in-place ones take one buffer, `_into` ones a send and a receive buffer.
+//! Buffers live where the backend computes (host memory for the CPU, device memory for NCCL);
+//! `buffer` and `to_host` move data in and out.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::backend::cpu::{CpuBackend, Transport};
+use crate::backend::{BackendKind, Device};
+use crate::dtype::{Element, ReduceOp};
+use crate::error::{CommError, Result};
+use crate::store::{Store, StoreServer};
+
+/// Elements on the communicator's device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Buffer<T: Element> {
+    repr: Repr<T>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Repr<T: Element> {
+    Host(Vec<T>),
+}
+
+impl<T: Element> Buffer<T> {
+    pub fn len(&self) -> usize {
+        match &self.repr {
+            Repr::Host(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn host(&self) -> &[T] {
+        match &self.repr {
+            Repr::Host(v) => v,
+        }
+    }
+
+    fn host_mut(&mut self) -> &mut [T] {
+        match &mut self.repr {
+            Repr::Host(v) => v,
+        }
+    }
+}
+
+enum Engine {
+    Cpu(CpuBackend),
+}
+
+/// This rank's handle on the group.
+pub struct Communicator {
+    rank: usize,
+    world_size: usize,
+    local_rank: usize,
+    device: Device,
+    engine: Engine,
+    /// The rendezvous store stays open for grids and barriers; rank 0 also serves it.
+    store: Option<Arc<Store>>,
+    server: Option<StoreServer>,
+    grids: AtomicU64,
+}
+
+impl Communicator {
+    /// A CPU communicator over `transport`. `store` (and rank 0's `server`) stay alive with it.
+    pub fn cpu(
+        transport: Box<dyn Transport>,
+        local_rank: usize,
+        store: Option<Arc<Store>>,
+        server: Option<StoreServer>,
+    ) -> Communicator {
+        Communicator {
+            rank: transport.rank(),
+            world_size: transport.world_size(),
+            local_rank,
+            device: Device::Cpu(transport.rank()),
+            engine: Engine::Cpu(CpuBackend::new(transport)),
+            store,
+            server,
+            grids: AtomicU64::new(0),
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// Rank among the processes on this node.
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn backend(&self) -> BackendKind {
+        match self.engine {
+            Engine::Cpu(_) => BackendKind::Cpu,
+        }
+    }
+
+    /// The rendezvous store, when this communicator was built through one.
+    pub fn store(&self) -> Option<&Store> {
+        self.store.as_deref()
+    }
+
+    /// Ends the job cleanly: waits for every rank, then rank 0 keeps serving the store until the
+    /// others have disconnected, so nobody loses it while waiting for an answer.
+    pub fn finish(self) -> Result<()> {
+        let Some(store) = self.store else {
+            return Ok(());
+        };
+        store.barrier("finish")?;
+        let timeout = store.timeout();
+        drop(store);
+        if let Some(server) = &self.server {
+            server.wait_until_idle(timeout.min(std::time::Duration::from_secs(10)));
+        }
+        Ok(())
+    }
+
+    /// Copies host values onto the device.
+    pub fn buffer<T: Element>(&self, values: &[T]) -> Result<Buffer<T>> {
+        Ok(Buffer {
+            repr: Repr::Host(values.to_vec()),
+        })
+    }
+
+    /// A buffer of `len` zeros on the device.
+    pub fn zeros<T: Element>(&self, len: usize) -> Result<Buffer<T>> {
+        self.buffer(&vec![T::default(); len])
+    }
+
+    /// Copies a buffer back to the host (waiting for work on it to finish).
+    pub fn to_host<T: Element>(&self, buf: &Buffer<T>) -> Result<Vec<T>> {
+        Ok(buf.host().to_vec())
+    }
+
+    /// Blocks until every rank has called it.
+    pub fn barrier(&self) -> Result<()> {
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.barrier(),
+        }
+    }
+
+    /// Copies the root's buffer to every rank.
+    pub fn broadcast<T: Element>(&self, buf: &mut Buffer<T>, root: usize) -> Result<()> {
+        self.check_root(root, "broadcast")?;
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.broadcast(buf.host_mut(), root),
+        }
+    }
+
+    /// The root's `send` lands in every rank's `recv`.
+    pub fn broadcast_into<T: Element>(
+        &self,
+        send: &Buffer<T>,
+        recv: &mut Buffer<T>,
+        root: usize,
+    ) -> Result<()> {
+        self.check_root(root, "broadcast")?;
+        same_len("broadcast", send, recv)?;
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.broadcast_into(send.host(), recv.host_mut(), root),
+        }
+    }
+
+    /// Every rank ends with the element-wise reduction of all ranks' buffers.
+    pub fn all_reduce<T: Element>(&self, buf: &mut Buffer<T>, op: ReduceOp) -> Result<()> {
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.all_reduce(buf.host_mut(), op),
+        }
+    }
+
+    pub fn all_reduce_into<T: Element>(
+        &self,
+        send: &Buffer<T>,
+        recv: &mut Buffer<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        same_len("all_reduce", send, recv)?;
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.all_reduce_into(send.host(), recv.host_mut(), op),
+        }
+    }
+
+    /// The root ends with the reduction; other ranks' buffers are unchanged.
+    pub fn reduce<T: Element>(&self, buf: &mut Buffer<T>, op: ReduceOp, root: usize) -> Result<()> {
+        self.check_root(root, "reduce")?;
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.reduce(buf.host_mut(), op, root),
+        }
+    }
+
+    /// Only the root's `recv` is written.
+    pub fn reduce_into<T: Element>(
+        &self,
+        send: &Buffer<T>,
+        recv: &mut Buffer<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.check_root(root, "reduce")?;
+        same_len("reduce", send, recv)?;
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.reduce_into(send.host(), recv.host_mut(), op, root),
+        }
+    }
+
+    /// In place: `buf` holds world_size equal blocks, this rank's data in block `rank`;
+    /// afterwards every block holds its rank's data.
+    pub fn all_gather<T: Element>(&self, buf: &mut Buffer<T>) -> Result<()> {
+        self.check_blocks("all_gather", buf.len())?;
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.all_gather(buf.host_mut()),
+        }
+    }
+
+    /// `recv` (world_size × send.len()) gets every rank's `send`, in rank order.
+    pub fn all_gather_into<T: Element>(
+        &self,
+        send: &Buffer<T>,
+        recv: &mut Buffer<T>,
+    ) -> Result<()> {
+        self.check_scaled("all_gather", "recv", recv.len(), "send", send.len())?;
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.all_gather_into(send.host(), recv.host_mut()),
+        }
+    }
+
+    /// In place: `buf` holds world_size equal blocks; afterwards block `rank` holds the
+    /// reduction of block `rank` over all ranks (other blocks hold partial sums).
+    pub fn reduce_scatter<T: Element>(&self, buf: &mut Buffer<T>, op: ReduceOp) -> Result<()> {
+        self.check_blocks("reduce_scatter", buf.len())?;
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.reduce_scatter(buf.host_mut(), op),
+        }
+    }
+
+    /// `send` (world_size × recv.len()) is reduced over ranks; block `rank` lands in `recv`.
+    pub fn reduce_scatter_into<T: Element>(
+        &self,
+        send: &Buffer<T>,
+        recv: &mut Buffer<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_scaled("reduce_scatter", "send", send.len(), "recv", recv.len())?;
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.reduce_scatter_into(send.host(), recv.host_mut(), op),
+        }
+    }
+
+    /// Sends `buf` to `peer`, which must call `recv` with a buffer of the same length.
+    pub fn send<T: Element>(&self, buf: &Buffer<T>, peer: usize) -> Result<()> {
+        self.check_peer(peer, "send")?;
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.send(buf.host(), peer),
+        }
+    }
+
+    pub fn recv<T: Element>(&self, buf: &mut Buffer<T>, peer: usize) -> Result<()> {
+        self.check_peer(peer, "recv")?;
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.recv(buf.host_mut(), peer),
+        }
+    }
+
+    /// Prints every rank's buffer as the course's grid, on rank 0, under `title`. Every rank
+    /// must call it; only the cells shown travel (through the store), so it is cheap for long
+    /// buffers.
+    pub fn print_grid<T: Element>(&self, title: &str, buf: &Buffer<T>) -> Result<()> {
+        let step = self.grids.fetch_add(1, Ordering::SeqCst);
+        let store = self.store.as_deref().ok_or_else(|| {
+            CommError::Usage(
+                "print_grid needs a communicator built through the rendezvous store".into(),
+            )
+        })?;
+        let row = crate::grid::Row::of(&self.to_host(buf)?);
+        let key = |rank: usize| format!("grid/{step}/{rank}");
+        if self.rank != 0 {
+            return store.set(&key(self.rank), &row.encode());
+        }
+        let mut rows = vec![row];
+        for rank in 1..self.world_size {
+            let bytes = store.get(&key(rank))?;
+            store.delete(&key(rank))?;
+            rows.push(crate::grid::Row::decode(&bytes).ok_or_else(|| {
+                CommError::Peer(format!("rank {rank} sent a malformed grid row"))
+            })?);
+        }
+        crate::grid::print(title, &rows);
+        Ok(())
+    }
+
+    fn check_root(&self, root: usize, what: &str) -> Result<()> {
+        if root >= self.world_size {
+            return Err(CommError::Usage(format!(
+                "{what}: root {root} is not a rank (world size {})",
+                self.world_size
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, peer: usize, what: &str) -> Result<()> {
+        if peer >= self.world_size || peer == self.rank {
+            return Err(CommError::Usage(format!(
+                "{what}: peer {peer} is not another rank (rank {}, world size {})",
+                self.rank, self.world_size
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_blocks(&self, what: &str, len: usize) -> Result<()> {
+        if len % self.world_size != 0 {
+            return Err(CommError::Usage(format!(
+                "{what}: a buffer of {len} elements does not split into {} equal blocks",
+                self.world_size
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_scaled(
+        &self,
+        what: &str,
+        big: &str,
+        big_len: usize,
+        small: &str,
+        small_len: usize,
+    ) -> Result<()> {
+        if big_len != small_len * self.world_size {
+            return Err(CommError::Usage(format!(
+                "{what}: {big} has {big_len} elements but must have world size × {small} = {} × {small_len}",
+                self.world_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn same_len<T: Element>(what: &str, send: &Buffer<T>, recv: &Buffer<T>) -> Result<()> {
+    if send.len() != recv.len() {
+        return Err(CommError::Usage(format!(
+            "{what}: send has {} elements but recv has {}",
+            send.len(),
+            recv.len()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,191 @@
+//! Element types a collective can move and reduce, and the reduction operations (NCCL's
+//! `ncclDataType_t` and `ncclRedOp_t`).
+
+use std::fmt;
+use std::str::FromStr;
+
+/// The element types, named as nccl-tests names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F64,
+    I32,
+    I64,
+}
+
+impl DType {
+    pub const ALL: [DType; 4] = [DType::F32, DType::F64, DType::I32, DType::I64];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float",
+            DType::F64 => "double",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+        }
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "float" | "f32" | "float32" => Ok(DType::F32),
+            "double" | "f64" | "float64" => Ok(DType::F64),
+            "int32" | "i32" | "int" => Ok(DType::I32),
+            "int64" | "i64" => Ok(DType::I64),
+            _ => Err(format!(
+                "unknown dtype {s:?}: use float, double, int32 or int64"
+            )),
+        }
+    }
+}
+
+/// How all_reduce, reduce and reduce_scatter combine values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Prod,
+    Min,
+    Max,
+    /// Sum divided by the world size (NCCL's ncclAvg; integers divide and truncate).
+    Avg,
+}
+
+impl ReduceOp {
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Avg => "avg",
+        }
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ReduceOp {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        ReduceOp::ALL
+            .into_iter()
+            .find(|op| op.name() == s)
+            .ok_or_else(|| format!("unknown reduction {s:?}: use sum, prod, min, max or avg"))
+    }
+}
+
+/// A value a collective can carry: plain bytes (`Pod`), with its reductions.
+pub trait Element:
+    bytemuck::Pod + Default + PartialEq + PartialOrd + fmt::Debug + fmt::Display + Send + Sync + 'static
+{
+    const DTYPE: DType;
+    /// `a op b` for the pairwise ops (Avg combines as Sum; [`Element::divide`] finishes it).
+    fn combine(op: ReduceOp, a: Self, b: Self) -> Self;
+    /// Divides by the world size, the last step of Avg.
+    fn divide(self, n: usize) -> Self;
+    /// Converts a small whole number (test and benchmark inputs).
+    fn from_i64(v: i64) -> Self;
+}
+
+macro_rules! float_element {
+    ($t:ty, $d:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+            #[inline]
+            fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => a + b,
+                    ReduceOp::Prod => a * b,
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Max => a.max(b),
+                }
+            }
+            fn divide(self, n: usize) -> Self {
+                self / n as $t
+            }
+            fn from_i64(v: i64) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+
+macro_rules! int_element {
+    ($t:ty, $d:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+            #[inline]
+            fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => a.wrapping_add(b),
+                    ReduceOp::Prod => a.wrapping_mul(b),
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Max => a.max(b),
+                }
+            }
+            fn divide(self, n: usize) -> Self {
+                self / n as $t
+            }
+            fn from_i64(v: i64) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+
+float_element!(f32, DType::F32);
+float_element!(f64, DType::F64);
+int_element!(i32, DType::I32);
+int_element!(i64, DType::I64);
+
+/// `acc[i] = acc[i] op other[i]`. The match sits outside the loop so each loop vectorizes.
+pub fn reduce_into<T: Element>(op: ReduceOp, acc: &mut [T], other: &[T]) {
+    debug_assert_eq!(acc.len(), other.len());
+    fn apply<T: Element>(acc: &mut [T], other: &[T], f: impl Fn(T, T) -> T) {
+        for (a, &b) in acc.iter_mut().zip(other) {
+            *a = f(*a, b);
+        }
+    }
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => apply(acc, other, |a, b| T::combine(ReduceOp::Sum, a, b)),
+        ReduceOp::Prod => apply(acc, other, |a, b| T::combine(ReduceOp::Prod, a, b)),
+        ReduceOp::Min => apply(acc, other, |a, b| T::combine(ReduceOp::Min, a, b)),
+        ReduceOp::Max => apply(acc, other, |a, b| T::combine(ReduceOp::Max, a, b)),
+    }
+}
+
+/// Finishes an Avg: divides every element by the world size. Other ops are left alone.
+pub fn finish<T: Element>(op: ReduceOp, values: &mut [T], world_size: usize) {
+    if op == ReduceOp::Avg {
+        for v in values {
+            *v = v.divide(world_size);
+        }
+    }
+}

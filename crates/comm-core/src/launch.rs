@@ -1,0 +1,174 @@
+//! One call that turns `main` into a distributed program: [`run`] spawns the ranks when nobody
+//! else did, or, inside a rank, meets the others and hands the body a communicator.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::cpu::TcpTransport;
+use crate::backend::{self, BackendChoice, BackendKind};
+use crate::comm::Communicator;
+use crate::error::{CommError, Result};
+use crate::spawn::{self, Outcome, SpawnPlan};
+use crate::store::{Store, StoreServer};
+use crate::topology::Topology;
+
+/// Ranks started on a machine without GPUs when `-n` is not given.
+pub const DEFAULT_CPU_RANKS: usize = 4;
+
+/// The flags every example shares.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LaunchArgs {
+    /// Ranks to start on this machine [default: one per GPU, or 4 on the CPU backend].
+    /// Ignored when a launcher (srun, torchrun, commrun) already started the ranks.
+    #[arg(short = 'n', long, value_name = "N")]
+    pub nproc_per_node: Option<usize>,
+
+    /// Which backend runs the collectives: NCCL on GPUs, or the CPU.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+
+    /// Seconds any wait may take (rendezvous, a collective) before the job fails.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub timeout: f64,
+}
+
+impl LaunchArgs {
+    pub fn timeout(&self) -> Result<Duration> {
+        Duration::try_from_secs_f64(self.timeout)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                CommError::Usage(format!(
+                    "--timeout {}: give a positive number of seconds",
+                    self.timeout
+                ))
+            })
+    }
+}
+
+/// Runs `body` on every rank with a ready communicator, and returns the process's exit code.
+///
+/// Started by a launcher (srun, torchrun, commrun), this process is one rank. Started plainly,
+/// it re-executes itself once per rank and waits for them.
+pub fn run(args: &LaunchArgs, body: impl FnOnce(&Communicator) -> Result<()>) -> ExitCode {
+    let topology = match Topology::from_env() {
+        Ok(t) => t,
+        Err(e) => return fail(&format!("error: {e}"), 2),
+    };
+    let code = match topology {
+        None => spawn_ranks(args),
+        Some(topology) => {
+            let rank = topology.rank;
+            match connect(&topology, args).and_then(|comm| {
+                body(&comm)?;
+                comm.finish()
+            }) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("error: rank {rank}: {e}");
+                    1
+                }
+            }
+        }
+    };
+    ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+fn fail(message: &str, code: u8) -> ExitCode {
+    eprintln!("{message}");
+    ExitCode::from(code)
+}
+
+/// The parent's job: choose how many ranks, start them, report how they ended.
+fn spawn_ranks(args: &LaunchArgs) -> i32 {
+    let plan = (|| -> Result<SpawnPlan> {
+        args.timeout()?;
+        let selection = backend::select(args.backend)?;
+        let nproc = match args.nproc_per_node {
+            Some(0) => {
+                return Err(CommError::Usage(
+                    "--nproc-per-node 0: start at least one rank".into(),
+                ))
+            }
+            Some(n) => n,
+            None if selection.gpus > 0 => selection.gpus,
+            None => DEFAULT_CPU_RANKS,
+        };
+        let program = std::env::current_exe()
+            .map_err(|e| CommError::io("cannot find this program to start its ranks", e))?;
+        Ok(SpawnPlan {
+            program,
+            args: std::env::args_os().skip(1).collect(),
+            nproc_per_node: nproc,
+            nnodes: 1,
+            node_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: spawn::free_port()?,
+            prefix_output: false,
+            grace: Duration::from_secs(3),
+        })
+    })();
+    let plan = match plan {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    match spawn::run(&plan) {
+        Ok(Outcome::Success) => 0,
+        Ok(outcome @ Outcome::Failed(_)) => {
+            if let Outcome::Failed(failure) = &outcome {
+                eprintln!(
+                    "error: {}; the other ranks were stopped",
+                    failure.describe()
+                );
+            }
+            outcome.exit_code()
+        }
+        Ok(outcome @ Outcome::Interrupted(_)) => {
+            eprintln!("interrupted: the ranks were stopped");
+            outcome.exit_code()
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}
+
+/// Inside a rank: rendezvous at the store, then build the communicator of the chosen backend.
+pub fn connect(topology: &Topology, args: &LaunchArgs) -> Result<Communicator> {
+    let timeout = args.timeout()?;
+    let selection = backend::select(args.backend)?;
+    let (rank, world_size) = (topology.rank, topology.world_size);
+    if rank == 0 {
+        println!("{selection}");
+    }
+    let server = match rank {
+        0 => Some(StoreServer::bind(topology.master_port, world_size)?),
+        _ => None,
+    };
+    let store = Arc::new(Store::connect(
+        &topology.master_addr,
+        topology.master_port,
+        rank,
+        world_size,
+        timeout,
+    )?);
+    match selection.kind {
+        BackendKind::Cpu => {
+            let transport = TcpTransport::connect(&store, "cpu", rank, world_size)?;
+            Ok(Communicator::cpu(
+                Box::new(transport),
+                topology.local_rank,
+                Some(store),
+                server,
+            ))
+        }
+        BackendKind::Nccl => Err(CommError::Backend(
+            "the NCCL backend is not built in yet".into(),
+        )),
+    }
+}

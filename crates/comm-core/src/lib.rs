@@ -1,0 +1,23 @@
+//! comm-core: everything a rank needs, one module per step of its life:
+//!
+//! environment → [`topology`] → [`store`] (rendezvous) → [`backend`] → [`comm::Communicator`]
+//! → collectives on buffers → [`grid`] on rank 0.
+//!
+//! [`spawn`] starts the ranks when no launcher did; [`launch::run`] ties it all together.
+
+pub mod backend;
+pub mod comm;
+pub mod dtype;
+pub mod error;
+pub mod grid;
+pub mod launch;
+pub mod spawn;
+pub mod store;
+pub mod topology;
+
+pub use backend::{BackendChoice, BackendKind, Device};
+pub use comm::{Buffer, Communicator};
+pub use dtype::{DType, Element, ReduceOp};
+pub use error::{CommError, Result};
+pub use launch::{run, LaunchArgs};
+pub use topology::Topology;

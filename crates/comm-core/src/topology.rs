@@ -1,0 +1,465 @@
+//! Who am I? Rank, world size, local rank and the master's address, read from the environment the
+//! way torchrun and Slurm's `srun` set it. This is the only module that reads the environment.
+
+use crate::error::{CommError, Result};
+
+/// Port used when neither MASTER_PORT nor a Slurm job id says otherwise (torchrun's default).
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
+
+/// Who started this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// RANK, WORLD_SIZE, … as torchrun, commrun or our own self-spawn set them.
+    Torchrun,
+    /// SLURM_PROCID, SLURM_NTASKS, … as a `srun` task sees them.
+    Slurm,
+}
+
+/// This rank's place in the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    pub rank: usize,
+    pub world_size: usize,
+    /// Rank among the processes on this node: picks the GPU.
+    pub local_rank: usize,
+    pub local_world_size: usize,
+    /// Which node (torchrun's GROUP_RANK, Slurm's SLURM_NODEID).
+    pub node_rank: usize,
+    /// Where rank 0 serves the rendezvous store.
+    pub master_addr: String,
+    pub master_port: u16,
+    pub launcher: Launcher,
+}
+
+impl Topology {
+    /// Reads the process environment. `Ok(None)` means no launcher set a rank: the program should
+    /// spawn its own ranks.
+    pub fn from_env() -> Result<Option<Topology>> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// Same as [`Topology::from_env`], reading variables through `var` (tests pass a map).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Topology>> {
+        if var("RANK").is_some() {
+            return torchrun(&var).map(Some);
+        }
+        // A batch script sees SLURM_PROCID=0 too; only a task started by srun has a step id.
+        if var("SLURM_PROCID").is_some() && var("SLURM_STEP_ID").is_some() {
+            return slurm(&var).map(Some);
+        }
+        Ok(None)
+    }
+
+    /// The environment a launcher gives one local worker: the variables torchrun sets.
+    pub fn worker_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("RANK", self.rank.to_string()),
+            ("WORLD_SIZE", self.world_size.to_string()),
+            ("LOCAL_RANK", self.local_rank.to_string()),
+            ("LOCAL_WORLD_SIZE", self.local_world_size.to_string()),
+            ("GROUP_RANK", self.node_rank.to_string()),
+            ("MASTER_ADDR", self.master_addr.clone()),
+            ("MASTER_PORT", self.master_port.to_string()),
+        ]
+    }
+}
+
+/// Reads a number, naming the variable when it is missing or not a number.
+fn number(var: &impl Fn(&str) -> Option<String>, name: &str, hint: &str) -> Result<usize> {
+    let value = var(name).ok_or_else(|| CommError::Env(format!("{name} is not set; {hint}")))?;
+    value
+        .trim()
+        .parse()
+        .map_err(|_| CommError::Env(format!("{name}={value:?} is not a whole number")))
+}
+
+fn optional_number(var: &impl Fn(&str) -> Option<String>, name: &str) -> Result<Option<usize>> {
+    match var(name) {
+        None => Ok(None),
+        Some(_) => number(var, name, "").map(Some),
+    }
+}
+
+fn port(var: &impl Fn(&str) -> Option<String>) -> Result<Option<u16>> {
+    match var("MASTER_PORT") {
+        None => Ok(None),
+        Some(value) => match value.trim().parse::<u16>() {
+            Ok(p) if p > 0 => Ok(Some(p)),
+            _ => Err(CommError::Env(format!(
+                "MASTER_PORT={value:?} is not a port number (1-65535)"
+            ))),
+        },
+    }
+}
+
+fn check_below(name: &str, value: usize, limit_name: &str, limit: usize) -> Result<()> {
+    if limit == 0 {
+        return Err(CommError::Env(format!(
+            "{limit_name}=0: a job needs at least one rank"
+        )));
+    }
+    if value >= limit {
+        return Err(CommError::Env(format!(
+            "{name}={value} but {limit_name}={limit}: {name} must be below {limit_name}"
+        )));
+    }
+    Ok(())
+}
+
+fn torchrun(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
+    const HINT: &str =
+        "set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT together (torchrun and commrun do)";
+    let rank = number(var, "RANK", HINT)?;
+    let world_size = number(var, "WORLD_SIZE", HINT)?;
+    check_below("RANK", rank, "WORLD_SIZE", world_size)?;
+    // Started by hand with only the four variables env:// needs: one rank per node.
+    let local_rank = optional_number(var, "LOCAL_RANK")?.unwrap_or(rank);
+    let local_world_size = optional_number(var, "LOCAL_WORLD_SIZE")?.unwrap_or(world_size);
+    check_below(
+        "LOCAL_RANK",
+        local_rank,
+        "LOCAL_WORLD_SIZE",
+        local_world_size,
+    )?;
+    if local_world_size > world_size {
+        return Err(CommError::Env(format!(
+            "LOCAL_WORLD_SIZE={local_world_size} is larger than WORLD_SIZE={world_size}"
+        )));
+    }
+    let node_rank = optional_number(var, "GROUP_RANK")?.unwrap_or(rank / local_world_size);
+    let master_addr = var("MASTER_ADDR")
+        .filter(|a| !a.trim().is_empty())
+        .ok_or_else(|| CommError::Env(format!("MASTER_ADDR is not set; {HINT}")))?;
+    let master_port =
+        port(var)?.ok_or_else(|| CommError::Env(format!("MASTER_PORT is not set; {HINT}")))?;
+    Ok(Topology {
+        rank,
+        world_size,
+        local_rank,
+        local_world_size,
+        node_rank,
+        master_addr: master_addr.trim().to_string(),
+        master_port,
+        launcher: Launcher::Torchrun,
+    })
+}
+
+fn slurm(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
+    const HINT: &str = "srun sets it for each task";
+    let rank = number(var, "SLURM_PROCID", HINT)?;
+    let world_size = number(var, "SLURM_NTASKS", HINT)?;
+    check_below("SLURM_PROCID", rank, "SLURM_NTASKS", world_size)?;
+    let local_rank = number(var, "SLURM_LOCALID", HINT)?;
+    let node_rank = optional_number(var, "SLURM_NODEID")?.unwrap_or(0);
+    let local_world_size = match var("SLURM_NTASKS_PER_NODE") {
+        Some(_) => number(var, "SLURM_NTASKS_PER_NODE", HINT)?,
+        None => match var("SLURM_TASKS_PER_NODE") {
+            Some(spec) => tasks_on_node(&spec, node_rank).ok_or_else(|| {
+                CommError::Env(format!(
+                    "SLURM_TASKS_PER_NODE={spec:?} has no entry for SLURM_NODEID={node_rank}"
+                ))
+            })?,
+            None => world_size,
+        },
+    };
+    check_below(
+        "SLURM_LOCALID",
+        local_rank,
+        "SLURM_NTASKS_PER_NODE",
+        local_world_size,
+    )?;
+    let master_addr = match var("MASTER_ADDR").filter(|a| !a.trim().is_empty()) {
+        Some(addr) => addr.trim().to_string(),
+        None => {
+            let list = var("SLURM_JOB_NODELIST")
+                .or_else(|| var("SLURM_NODELIST"))
+                .ok_or_else(|| {
+                    CommError::Env(
+                        "neither MASTER_ADDR nor SLURM_JOB_NODELIST is set: cannot tell where rank 0 runs"
+                            .into(),
+                    )
+                })?;
+            let hosts = expand_nodelist(&list)
+                .map_err(|e| CommError::Env(format!("SLURM_JOB_NODELIST={list:?}: {e}")))?;
+            hosts.into_iter().next().ok_or_else(|| {
+                CommError::Env(format!("SLURM_JOB_NODELIST={list:?} names no host"))
+            })?
+        }
+    };
+    // Each job gets its own port, so two jobs sharing a node do not collide.
+    let master_port = match port(var)? {
+        Some(p) => p,
+        None => match optional_number(var, "SLURM_JOB_ID")? {
+            Some(job) => 20000 + (job % 20000) as u16,
+            None => DEFAULT_MASTER_PORT,
+        },
+    };
+    Ok(Topology {
+        rank,
+        world_size,
+        local_rank,
+        local_world_size,
+        node_rank,
+        master_addr,
+        master_port,
+        launcher: Launcher::Slurm,
+    })
+}
+
+/// Reads Slurm's compressed task counts (`2(x3),1`) and returns the count on node `node`.
+pub fn tasks_on_node(spec: &str, node: usize) -> Option<usize> {
+    let mut seen = 0;
+    for part in spec.split(',') {
+        let (count, repeat) = match part.split_once("(x") {
+            Some((count, rest)) => (count, rest.strip_suffix(')')?.parse::<usize>().ok()?),
+            None => (part, 1),
+        };
+        let count = count.trim().parse::<usize>().ok()?;
+        if node < seen + repeat {
+            return Some(count);
+        }
+        seen += repeat;
+    }
+    None
+}
+
+/// Expands a Slurm host list such as `lrdn[0101-0104,0107]` or `a1,b[1-2]-ib` into host names, in
+/// order, keeping zero padding.
+pub fn expand_nodelist(list: &str) -> std::result::Result<Vec<String>, String> {
+    let mut hosts = Vec::new();
+    for item in split_top_level(list)? {
+        if item.is_empty() {
+            return Err("empty host name".into());
+        }
+        hosts.extend(expand_host(&item)?);
+    }
+    Ok(hosts)
+}
+
+/// Splits on the commas that are not inside brackets.
+fn split_top_level(list: &str) -> std::result::Result<Vec<String>, String> {
+    let (mut items, mut current, mut depth) = (Vec::new(), String::new(), 0i32);
+    for c in list.trim().chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(std::mem::take(&mut current));
+                continue;
+            }
+            _ => {}
+        }
+        if !(0..=1).contains(&depth) {
+            return Err("unbalanced or nested brackets".into());
+        }
+        current.push(c);
+    }
+    if depth != 0 {
+        return Err("unbalanced brackets".into());
+    }
+    items.push(current);
+    Ok(items)
+}
+
+/// Expands one host pattern; several bracket groups multiply (`r[1-2]n[1-2]` gives four hosts).
+fn expand_host(pattern: &str) -> std::result::Result<Vec<String>, String> {
+    let Some(open) = pattern.find('[') else {
+        return Ok(vec![pattern.to_string()]);
+    };
+    let close = open + pattern[open..].find(']').ok_or("unbalanced brackets")?;
+    let (prefix, ranges, rest) = (
+        &pattern[..open],
+        &pattern[open + 1..close],
+        &pattern[close + 1..],
+    );
+    let tails = expand_host(rest)?;
+    let mut hosts = Vec::new();
+    for range in ranges.split(',') {
+        let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+        let (a, b) = (lo.parse::<u64>(), hi.parse::<u64>());
+        let (Ok(a), Ok(b)) = (a, b) else {
+            return Err(format!("bad range {range:?}"));
+        };
+        if a > b {
+            return Err(format!("range {range:?} runs backwards"));
+        }
+        if b - a > 100_000 {
+            return Err(format!("range {range:?} is implausibly large"));
+        }
+        let width = lo.len();
+        for n in a..=b {
+            for tail in &tails {
+                hosts.push(format!("{prefix}{n:0width$}{tail}"));
+            }
+        }
+    }
+    Ok(hosts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn topo(vars: &[(&str, &str)]) -> Result<Option<Topology>> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Topology::from_vars(|k| map.get(k).cloned())
+    }
+
+    fn err(vars: &[(&str, &str)]) -> String {
+        topo(vars).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn no_launcher_means_spawn() {
+        assert_eq!(topo(&[]).unwrap(), None);
+        // A batch script has SLURM_PROCID but no step: not a task.
+        assert_eq!(
+            topo(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "4")]).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn torchrun_variables() {
+        let t = topo(&[
+            ("RANK", "5"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "4"),
+            ("GROUP_RANK", "1"),
+            ("MASTER_ADDR", "node7"),
+            ("MASTER_PORT", "1234"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (
+                t.rank,
+                t.world_size,
+                t.local_rank,
+                t.local_world_size,
+                t.node_rank
+            ),
+            (5, 8, 1, 4, 1)
+        );
+        assert_eq!((t.master_addr.as_str(), t.master_port), ("node7", 1234));
+        assert_eq!(t.launcher, Launcher::Torchrun);
+        // worker_env round-trips.
+        let env: HashMap<String, String> = t
+            .worker_env()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        assert_eq!(
+            Topology::from_vars(|k| env.get(k).cloned())
+                .unwrap()
+                .unwrap(),
+            t
+        );
+    }
+
+    #[test]
+    fn torchrun_errors_name_the_variable() {
+        assert!(err(&[("RANK", "0")]).contains("WORLD_SIZE is not set"));
+        assert!(err(&[("RANK", "x"), ("WORLD_SIZE", "2")]).contains("RANK=\"x\""));
+        assert!(err(&[("RANK", "2"), ("WORLD_SIZE", "2")]).contains("RANK=2 but WORLD_SIZE=2"));
+        assert!(err(&[("RANK", "0"), ("WORLD_SIZE", "2")]).contains("MASTER_ADDR is not set"));
+        let e = err(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "0"),
+        ]);
+        assert!(e.contains("MASTER_PORT=\"0\""), "{e}");
+        let e = err(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "3"),
+            ("LOCAL_WORLD_SIZE", "2"),
+        ]);
+        assert!(e.contains("LOCAL_RANK=3 but LOCAL_WORLD_SIZE=2"), "{e}");
+        assert!(err(&[("RANK", "0"), ("WORLD_SIZE", "0")]).contains("WORLD_SIZE=0"));
+    }
+
+    #[test]
+    fn slurm_variables() {
+        let t = topo(&[
+            ("SLURM_PROCID", "6"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "2"),
+            ("SLURM_NODEID", "1"),
+            ("SLURM_TASKS_PER_NODE", "4(x2)"),
+            ("SLURM_JOB_NODELIST", "lrdn[0101-0104,0107]"),
+            ("SLURM_JOB_ID", "123456"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (t.rank, t.world_size, t.local_rank, t.local_world_size),
+            (6, 8, 2, 4)
+        );
+        assert_eq!(t.master_addr, "lrdn0101");
+        assert_eq!(t.master_port, 20000 + (123456 % 20000) as u16);
+        assert_eq!(t.launcher, Launcher::Slurm);
+        // torchrun's variables win when both are present (torchrun started under srun).
+        let t = topo(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "a"),
+            ("MASTER_PORT", "9"),
+            ("SLURM_PROCID", "0"),
+            ("SLURM_STEP_ID", "0"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(t.launcher, Launcher::Torchrun);
+    }
+
+    #[test]
+    fn slurm_errors_name_the_variable() {
+        let base = [
+            ("SLURM_PROCID", "0"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_NTASKS", "2"),
+        ];
+        assert!(err(&base).contains("SLURM_LOCALID is not set"));
+        let mut v = base.to_vec();
+        v.push(("SLURM_LOCALID", "0"));
+        assert!(err(&v).contains("SLURM_JOB_NODELIST"));
+        v.push(("SLURM_JOB_NODELIST", "n[3-1]"));
+        assert!(err(&v).contains("runs backwards"));
+    }
+
+    #[test]
+    fn nodelists() {
+        assert_eq!(
+            expand_nodelist("lrdn[0101-0104,0107]").unwrap(),
+            ["lrdn0101", "lrdn0102", "lrdn0103", "lrdn0104", "lrdn0107"]
+        );
+        assert_eq!(expand_nodelist("node1").unwrap(), ["node1"]);
+        assert_eq!(
+            expand_nodelist("a1,b[8-10]-ib").unwrap(),
+            ["a1", "b8-ib", "b9-ib", "b10-ib"]
+        );
+        assert_eq!(
+            expand_nodelist("r[1-2]n[01-02]").unwrap(),
+            ["r1n01", "r1n02", "r2n01", "r2n02"]
+        );
+        assert!(expand_nodelist("n[1-2").is_err());
+        assert!(expand_nodelist("n[a-b]").is_err());
+        assert!(expand_nodelist("a,,b").is_err());
+    }
+
+    #[test]
+    fn task_counts() {
+        assert_eq!(tasks_on_node("4", 0), Some(4));
+        assert_eq!(tasks_on_node("2(x3),1", 2), Some(2));
+        assert_eq!(tasks_on_node("2(x3),1", 3), Some(1));
+        assert_eq!(tasks_on_node("2(x3),1", 4), None);
+    }
+}

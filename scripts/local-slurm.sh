@@ -1,0 +1,419 @@
+#!/usr/bin/env bash
+# local-slurm.sh - run a real, throw-away Slurm cluster on this one machine.
+#
+# Uses the distribution packages (Debian/Ubuntu: slurm-wlm, munge). Everything
+# the cluster needs (munge key/socket, slurm.conf, state, spool, logs, pid
+# files) lives under a directory chosen by the caller, so nothing global is
+# touched apart from installing the packages.
+#
+# Usage (as root):
+#   scripts/local-slurm.sh install       # apt-get install slurm-wlm munge if missing
+#   scripts/local-slurm.sh start DIR     # start munged, slurmctld, slurmd x2 (node1, node2)
+#   source DIR/env.sh                    # exports SLURM_CONF (+ helpers) for clients
+#   srun -N2 -n4 hostname
+#   scripts/local-slurm.sh stop DIR      # stop everything started from DIR
+#   scripts/local-slurm.sh status DIR    # sinfo/squeue of the cluster in DIR
+#
+# Cluster layout: one partition "debug" (Default=YES, MaxTime=INFINITE) with
+# nodes node1 and node2, each CPUs=$LOCAL_SLURM_CPUS (default 2), both reached
+# at 127.0.0.1 on different ports. Node names need no DNS/hosts entry.
+#
+# Environment overrides (all optional):
+#   LOCAL_SLURM_CTLD_PORT   slurmctld port            (default 26817)
+#   LOCAL_SLURM_NODE1_PORT  slurmd port of node1      (default 26818)
+#   LOCAL_SLURM_NODE2_PORT  slurmd port of node2      (default 26819)
+#   LOCAL_SLURM_CPUS        CPUs advertised per node  (default 2)
+#   LOCAL_SLURM_TIMEOUT     seconds to wait for start/stop steps (default 60)
+#   LOCAL_SLURM_CLUSTER     ClusterName               (default localslurm)
+
+set -euo pipefail
+
+PROG=${0##*/}
+CTLD_PORT=${LOCAL_SLURM_CTLD_PORT:-26817}
+NODE1_PORT=${LOCAL_SLURM_NODE1_PORT:-26818}
+NODE2_PORT=${LOCAL_SLURM_NODE2_PORT:-26819}
+NODE_CPUS=${LOCAL_SLURM_CPUS:-2}
+TIMEOUT=${LOCAL_SLURM_TIMEOUT:-60}
+CLUSTER=${LOCAL_SLURM_CLUSTER:-localslurm}
+NODES=(node1 node2)
+# Marker put into the environment of every daemon we start (inherited by
+# slurmstepd), so that `stop` can find stragglers belonging to this DIR only.
+MARKER_VAR=LOCAL_SLURM_INSTANCE
+# daemons live in /usr/sbin, which is not always on PATH for non-login shells
+export PATH="$PATH:/usr/sbin:/sbin"
+
+log() { printf '%s: %s\n' "$PROG" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+usage() {
+    sed -n '2,/^$/{s/^# \{0,1\}//;p}' "$0" >&2
+    exit 2
+}
+
+need_root() {
+    [[ $(id -u) -eq 0 ]] || die "must run as root (slurmd/slurmctld are run with SlurmUser=root)"
+}
+
+# ---------------------------------------------------------------- install ---
+
+have_binaries() {
+    local b
+    for b in slurmctld slurmd munged sinfo srun sbatch squeue scontrol; do
+        command -v "$b" >/dev/null 2>&1 || return 1
+    done
+}
+
+cmd_install() {
+    if have_binaries; then
+        log "slurm and munge already installed ($(slurmctld -V 2>/dev/null || echo '?'))"
+        return 0
+    fi
+    need_root
+    command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install slurm-wlm and munge manually"
+    export DEBIAN_FRONTEND=noninteractive
+    # Keep the packages' maintainer scripts from starting the system-wide
+    # daemons (they would use the default ports / sockets). Only if no policy
+    # is in place already; removed again afterwards.
+    local policy=/usr/sbin/policy-rc.d made_policy=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && made_policy=1
+    fi
+    local rc=0 aptlog
+    aptlog=$(mktemp)
+    {
+        apt-get update -qq &&
+            apt-get install -y -qq --no-install-recommends \
+                -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+                slurm-wlm munge
+    } >"$aptlog" 2>&1 || rc=$?
+    [[ $made_policy -eq 1 ]] && rm -f "$policy"
+    if [[ $rc -ne 0 ]]; then
+        tail -n 40 "$aptlog" >&2
+        rm -f "$aptlog"
+        die "apt-get failed (exit $rc)"
+    fi
+    rm -f "$aptlog"
+    have_binaries || die "packages installed but slurm/munge binaries still missing"
+    log "installed $(slurmctld -V 2>/dev/null || echo slurm)"
+}
+
+# ------------------------------------------------------------------ utils ---
+
+# absolute path of DIR (created if needed)
+abs_dir() {
+    mkdir -p "$1"
+    (cd "$1" && pwd -P)
+}
+
+# running and not a zombie (PID 1 in containers may be slow to reap orphans)
+pid_alive() {
+    [[ -n ${1:-} ]] && kill -0 "$1" 2>/dev/null || return 1
+    local stat=""
+    read -r stat 2>/dev/null <"/proc/$1/stat" || return 1
+    stat=${stat##*) }
+    [[ ${stat:0:1} != Z ]]
+}
+
+read_pid() {
+    local f=$1 p=""
+    if [[ -r $f ]]; then read -r p <"$f" 2>/dev/null || true; fi
+    [[ $p =~ ^[0-9]+$ ]] && echo "$p"
+    return 0
+}
+
+port_in_use() {
+    # true if something accepts connections on 127.0.0.1:$1
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+show_logs() {
+    local d=$1 f
+    for f in "$d"/log/*.log; do
+        [[ -f $f ]] || continue
+        echo "----- tail of $f -----" >&2
+        tail -n 25 "$f" >&2
+    done
+}
+
+fail_start() {
+    local d=$1
+    shift
+    log "ERROR: $*"
+    show_logs "$d"
+    log "stopping what was started"
+    cmd_stop "$d" >/dev/null 2>&1 || true
+    exit 1
+}
+
+# pids (one per line) of processes carrying our marker for $1
+marked_pids() {
+    local want="$MARKER_VAR=$1" e pid
+    for e in /proc/[0-9]*/environ; do
+        pid=${e#/proc/}
+        pid=${pid%/environ}
+        [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+        if grep -qzxF -- "$want" "$e" 2>/dev/null; then
+            echo "$pid"
+        fi
+    done
+}
+
+# all descendants of the given pids (not including them)
+descendants() {
+    [[ $# -gt 0 ]] || return 0
+    local -A kids=()
+    local st pid rest ppid
+    for st in /proc/[0-9]*/stat; do
+        read -r rest 2>/dev/null <"$st" || continue
+        pid=${rest%% *}
+        rest=${rest##*) }          # after "(comm) ": state ppid ...
+        read -r _ ppid _ <<<"$rest"
+        kids[$ppid]+="$pid "
+    done
+    local queue=("$@") p c
+    while [[ ${#queue[@]} -gt 0 ]]; do
+        p=${queue[0]}
+        queue=("${queue[@]:1}")
+        for c in ${kids[$p]:-}; do
+            echo "$c"
+            queue+=("$c")
+        done
+    done
+}
+
+# send TERM, wait up to $1 seconds, then KILL; remaining args are pids
+terminate() {
+    local wait_s=$1
+    shift
+    local pids=() p
+    for p in "$@"; do pid_alive "$p" && pids+=("$p"); done
+    [[ ${#pids[@]} -gt 0 ]] || return 0
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    local deadline=$((SECONDS + wait_s)) alive
+    while :; do
+        alive=()
+        for p in "${pids[@]}"; do pid_alive "$p" && alive+=("$p"); done
+        [[ ${#alive[@]} -eq 0 ]] && return 0
+        [[ $SECONDS -ge $deadline ]] && break
+        sleep 0.2
+    done
+    log "killing unresponsive processes: ${alive[*]}"
+    kill -KILL "${alive[@]}" 2>/dev/null || true
+    sleep 0.2
+}
+
+# ------------------------------------------------------------------ start ---
+
+write_conf() {
+    local d=$1
+    cat >"$d/slurm.conf" <<EOF
+# Generated by $PROG for a throw-away local test cluster.
+ClusterName=$CLUSTER
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$NODE1_PORT
+SlurmUser=root
+SlurmdUser=root
+
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$d/munge/munge.socket
+CommunicationParameters=NoAddrCache
+
+StateSaveLocation=$d/state
+SlurmctldPidFile=$d/run/slurmctld.pid
+SlurmctldLogFile=$d/log/slurmctld.log
+SlurmdSpoolDir=$d/spool/%n
+SlurmdPidFile=$d/run/slurmd-%n.pid
+SlurmdLogFile=$d/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+MpiDefault=none
+MailProg=/bin/true
+
+ReturnToService=2
+SlurmdParameters=config_overrides
+SlurmctldTimeout=30
+SlurmdTimeout=60
+InactiveLimit=0
+MinJobAge=300
+KillWait=5
+Waittime=0
+
+NodeName=node1 NodeAddr=127.0.0.1 NodeHostname=localhost Port=$NODE1_PORT CPUs=$NODE_CPUS RealMemory=1000 State=UNKNOWN
+NodeName=node2 NodeAddr=127.0.0.1 NodeHostname=localhost Port=$NODE2_PORT CPUs=$NODE_CPUS RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+EOF
+}
+
+cmd_start() {
+    need_root
+    have_binaries || die "slurm/munge not installed; run '$0 install' first"
+    local d
+    d=$(abs_dir "$1")
+    local t0=$SECONDS
+
+    if pid_alive "$(read_pid "$d/run/slurmctld.pid")" || pid_alive "$(read_pid "$d/run/munged.pid")"; then
+        die "a cluster seems to be running from $d already; run '$0 stop $d' first"
+    fi
+    local p
+    for p in "$CTLD_PORT" "$NODE1_PORT" "$NODE2_PORT"; do
+        port_in_use "$p" && die "TCP port $p on 127.0.0.1 is already in use (override with LOCAL_SLURM_*_PORT)"
+    done
+    local sock="$d/munge/munge.socket"
+    [[ ${#sock} -lt 100 ]] || die "DIR path too long for a unix socket ($sock); use a shorter DIR"
+
+    # munged refuses group/world-writable socket and key directories.
+    # (0755: lets non-root users reach the munge socket and config)
+    chmod 0755 "$d"
+    rm -rf "$d/munge" "$d/state" "$d/spool" "$d/run" "$d/log"
+    mkdir -p "$d/munge" "$d/state" "$d/run" "$d/log"
+    for p in "${NODES[@]}"; do mkdir -p "$d/spool/$p"; done
+    chmod 0755 "$d/munge"
+
+    # run daemons with the marker in their environment
+    local M=(env "$MARKER_VAR=$d")
+
+    # --- munge
+    dd if=/dev/urandom of="$d/munge/munge.key" bs=1024 count=1 status=none
+    chmod 0600 "$d/munge/munge.key"
+    "${M[@]}" munged --force \
+        --socket="$sock" \
+        --key-file="$d/munge/munge.key" \
+        --pid-file="$d/run/munged.pid" \
+        --log-file="$d/log/munged.log" \
+        --seed-file="$d/munge/munged.seed" \
+        >>"$d/log/munged.log" 2>&1 ||
+        fail_start "$d" "munged failed to start"
+    local deadline=$((SECONDS + TIMEOUT))
+    until [[ -S $sock ]] && munge --socket="$sock" -n </dev/null 2>/dev/null | unmunge --socket="$sock" >/dev/null 2>&1; do
+        [[ $SECONDS -lt $deadline ]] || fail_start "$d" "munged did not become ready within ${TIMEOUT}s"
+        sleep 0.1
+    done
+
+    # --- slurm
+    write_conf "$d"
+    export SLURM_CONF="$d/slurm.conf"
+    # -c: clean start (ignore saved state), -i: ignore errors in state files
+    "${M[@]}" slurmctld -c -i -f "$SLURM_CONF" >>"$d/log/slurmctld.log" 2>&1 ||
+        fail_start "$d" "slurmctld failed to start"
+    deadline=$((SECONDS + TIMEOUT))
+    until scontrol ping 2>/dev/null | grep -q 'is UP'; do
+        [[ $SECONDS -lt $deadline ]] || fail_start "$d" "slurmctld did not answer within ${TIMEOUT}s"
+        p=$(read_pid "$d/run/slurmctld.pid")
+        [[ -z $p ]] || pid_alive "$p" || fail_start "$d" "slurmctld exited"
+        sleep 0.2
+    done
+
+    for p in "${NODES[@]}"; do
+        "${M[@]}" slurmd -N "$p" -f "$SLURM_CONF" >>"$d/log/slurmd-$p.log" 2>&1 ||
+            fail_start "$d" "slurmd for $p failed to start"
+    done
+
+    # wait until both nodes are idle
+    local states
+    deadline=$((SECONDS + TIMEOUT))
+    while :; do
+        states=$(sinfo -h -N -p debug -o '%N %t' 2>/dev/null | sort -u | tr '\n' ' ')
+        if [[ $states == "node1 idle node2 idle " ]]; then
+            break
+        fi
+        [[ $SECONDS -lt $deadline ]] || fail_start "$d" "nodes not idle within ${TIMEOUT}s (sinfo: ${states:-no answer})"
+        sleep 0.2
+    done
+
+    cat >"$d/env.sh" <<EOF
+# source this file to talk to the local Slurm cluster in $d
+export SLURM_CONF='$d/slurm.conf'
+export LOCAL_SLURM_DIR='$d'
+# munge socket of this cluster (for e.g. 'munge --socket=\$LOCAL_SLURM_MUNGE_SOCKET -n');
+# Slurm itself reads it from AuthInfo in slurm.conf.
+export LOCAL_SLURM_MUNGE_SOCKET='$sock'
+EOF
+    log "cluster up in $((SECONDS - t0))s: node1 node2 idle in partition debug (slurmctld 127.0.0.1:$CTLD_PORT)"
+    echo "$d/env.sh"
+}
+
+# ------------------------------------------------------------------- stop ---
+
+cmd_stop() {
+    local d
+    [[ -d $1 ]] || { log "$1: no such directory, nothing to stop"; return 0; }
+    d=$(cd "$1" && pwd -P)
+    unset "$MARKER_VAR"
+    local wait_s=$TIMEOUT
+    [[ $wait_s -gt 20 ]] && wait_s=20
+
+    # Cancel jobs first so slurmstepd/tasks are torn down cleanly.
+    if [[ -f $d/slurm.conf ]] && pid_alive "$(read_pid "$d/run/slurmctld.pid")"; then
+        SLURM_CONF="$d/slurm.conf" timeout 10 scancel --full --quiet -u root >/dev/null 2>&1 || true
+        local deadline=$((SECONDS + 10))
+        while [[ $SECONDS -lt $deadline ]] &&
+            [[ -n $(SLURM_CONF="$d/slurm.conf" timeout 5 squeue -h -t R,CG,PD -o %i 2>/dev/null) ]]; do
+            sleep 0.3
+        done
+    fi
+
+    local pids=() p n
+    for n in "${NODES[@]}"; do
+        p=$(read_pid "$d/run/slurmd-$n.pid")
+        [[ -n $p ]] && pids+=("$p")
+    done
+    p=$(read_pid "$d/run/slurmctld.pid")
+    [[ -n $p ]] && pids+=("$p")
+    [[ ${#pids[@]} -gt 0 ]] && terminate "$wait_s" "${pids[@]}"
+
+    # stragglers: anything started with our marker (e.g. slurmstepd) + children
+    local left=()
+    mapfile -t left < <(marked_pids "$d")
+    p=$(read_pid "$d/run/munged.pid")
+    # munge last: slurm daemons need it while shutting down
+    local strag=()
+    for n in "${left[@]}"; do [[ $n != "$p" ]] && strag+=("$n"); done
+    if [[ ${#strag[@]} -gt 0 ]]; then
+        local all=()
+        mapfile -t all < <(descendants "${strag[@]}")
+        terminate 5 "${strag[@]}" "${all[@]}"
+    fi
+    [[ -n $p ]] && terminate "$wait_s" "$p"
+
+    # final check
+    mapfile -t left < <(marked_pids "$d")
+    if [[ ${#left[@]} -gt 0 ]]; then
+        kill -KILL "${left[@]}" 2>/dev/null || true
+        sleep 0.3
+        mapfile -t left < <(marked_pids "$d")
+        [[ ${#left[@]} -eq 0 ]] || die "processes still running: ${left[*]}"
+    fi
+    rm -f "$d"/run/*.pid "$d/munge/munge.socket" "$d/munge/munge.socket.lock"
+    log "cluster in $d stopped"
+}
+
+cmd_status() {
+    local d
+    d=$(cd "$1" && pwd -P)
+    export SLURM_CONF="$d/slurm.conf"
+    sinfo -N -l
+    squeue
+}
+
+# ------------------------------------------------------------------- main ---
+
+[[ $# -ge 1 ]] || usage
+case $1 in
+install) cmd_install ;;
+start) [[ $# -eq 2 ]] || usage; cmd_start "$2" ;;
+stop) [[ $# -eq 2 ]] || usage; need_root; cmd_stop "$2" ;;
+status) [[ $# -eq 2 ]] || usage; cmd_status "$2" ;;
+-h | --help | help) usage ;;
+*) usage ;;
+esac
