@@ -122,8 +122,15 @@ read_pid() {
 }
 
 port_in_use() {
-    # true if something accepts connections on 127.0.0.1:$1
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+    # true if some socket listens on TCP port $1 (any address). Reads
+    # /proc/net/tcp* rather than connecting, so no noise in daemon logs.
+    local hex
+    hex=$(printf '%04X' "$1")
+    if [[ -r /proc/net/tcp ]]; then
+        grep -qE "^ *[0-9]+: [0-9A-F]+:$hex [0-9A-F]+:[0-9A-F]+ 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null
+    else
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+    fi
 }
 
 show_logs() {
@@ -237,6 +244,8 @@ JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# start batch jobs right away (default delays batch scheduling by up to 3 s)
+SchedulerParameters=batch_sched_delay=0
 MpiDefault=none
 MailProg=/bin/true
 
@@ -267,7 +276,7 @@ cmd_start() {
     fi
     local p
     for p in "$CTLD_PORT" "$NODE1_PORT" "$NODE2_PORT"; do
-        port_in_use "$p" && die "TCP port $p on 127.0.0.1 is already in use (override with LOCAL_SLURM_*_PORT)"
+        port_in_use "$p" && die "TCP port $p is already in use (override with LOCAL_SLURM_*_PORT)"
     done
     local sock="$d/munge/munge.socket"
     [[ ${#sock} -lt 100 ]] || die "DIR path too long for a unix socket ($sock); use a shorter DIR"
@@ -319,15 +328,32 @@ cmd_start() {
             fail_start "$d" "slurmd for $p failed to start"
     done
 
-    # wait until both nodes are idle
-    local states
+    # wait until both slurmd are up (pid file, process, port) and sinfo shows
+    # both nodes idle
+    local states problem n i
+    local ports=("$NODE1_PORT" "$NODE2_PORT")
     deadline=$((SECONDS + TIMEOUT))
     while :; do
-        states=$(sinfo -h -N -p debug -o '%N %t' 2>/dev/null | sort -u | tr '\n' ' ')
-        if [[ $states == "node1 idle node2 idle " ]]; then
-            break
+        problem=""
+        for i in "${!NODES[@]}"; do
+            n=${NODES[$i]}
+            p=$(read_pid "$d/run/slurmd-$n.pid")
+            if [[ -z $p ]]; then
+                problem="slurmd for $n has not written its pid file"
+            elif ! pid_alive "$p"; then
+                fail_start "$d" "slurmd for $n (pid $p) exited"
+            elif ! port_in_use "${ports[$i]}"; then
+                problem="slurmd for $n not listening on port ${ports[$i]}"
+            fi
+            [[ -n $problem ]] && break
+        done
+        pid_alive "$(read_pid "$d/run/slurmctld.pid")" || fail_start "$d" "slurmctld exited"
+        if [[ -z $problem ]]; then
+            states=$(sinfo -h -N -p debug -o '%N %t' 2>/dev/null | sort -u | tr '\n' ' ')
+            [[ $states == "node1 idle node2 idle " ]] && break
+            problem="nodes not idle (sinfo: ${states:-no answer})"
         fi
-        [[ $SECONDS -lt $deadline ]] || fail_start "$d" "nodes not idle within ${TIMEOUT}s (sinfo: ${states:-no answer})"
+        [[ $SECONDS -lt $deadline ]] || fail_start "$d" "cluster not ready within ${TIMEOUT}s: $problem"
         sleep 0.2
     done
 
@@ -371,6 +397,7 @@ cmd_stop() {
     p=$(read_pid "$d/run/slurmctld.pid")
     [[ -n $p ]] && pids+=("$p")
     [[ ${#pids[@]} -gt 0 ]] && terminate "$wait_s" "${pids[@]}"
+    local reap=("${pids[@]}")
 
     # stragglers: anything started with our marker (e.g. slurmstepd) + children
     local left=()
@@ -383,8 +410,12 @@ cmd_stop() {
         local all=()
         mapfile -t all < <(descendants "${strag[@]}")
         terminate 5 "${strag[@]}" "${all[@]}"
+        reap+=("${strag[@]}")
     fi
-    [[ -n $p ]] && terminate "$wait_s" "$p"
+    if [[ -n $p ]]; then
+        terminate "$wait_s" "$p"
+        reap+=("$p")
+    fi
 
     # final check
     mapfile -t left < <(marked_pids "$d")
@@ -394,6 +425,16 @@ cmd_stop() {
         mapfile -t left < <(marked_pids "$d")
         [[ ${#left[@]} -eq 0 ]] || die "processes still running: ${left[*]}"
     fi
+    # The daemons are children of PID 1 (they daemonize); give it a moment to
+    # reap them so that no <defunct> entries show up in `pgrep` right after.
+    local deadline=$((SECONDS + 5)) z
+    while [[ ${#reap[@]} -gt 0 && $SECONDS -lt $deadline ]]; do
+        z=()
+        for n in "${reap[@]}"; do [[ -e /proc/$n ]] && z+=("$n"); done
+        [[ ${#z[@]} -eq 0 ]] && break
+        reap=("${z[@]}")
+        sleep 0.1
+    done
     rm -f "$d"/run/*.pid "$d/munge/munge.socket" "$d/munge/munge.socket.lock"
     log "cluster in $d stopped"
 }

@@ -52,11 +52,19 @@ impl LaunchArgs {
 /// Started by a launcher (srun, torchrun, commrun), this process is one rank. Started plainly,
 /// it re-executes itself once per rank and waits for them.
 pub fn run(args: &LaunchArgs, body: impl FnOnce(&Communicator) -> Result<()>) -> ExitCode {
+    ExitCode::from(run_to_code(args, body).clamp(0, 255) as u8)
+}
+
+/// [`run`], returning the exit code as a number.
+pub fn run_to_code(args: &LaunchArgs, body: impl FnOnce(&Communicator) -> Result<()>) -> i32 {
     let topology = match Topology::from_env() {
         Ok(t) => t,
-        Err(e) => return fail(&format!("error: {e}"), 2),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
     };
-    let code = match topology {
+    match topology {
         None => spawn_ranks(args),
         Some(topology) => {
             let rank = topology.rank;
@@ -71,13 +79,7 @@ pub fn run(args: &LaunchArgs, body: impl FnOnce(&Communicator) -> Result<()>) ->
                 }
             }
         }
-    };
-    ExitCode::from(code.clamp(0, 255) as u8)
-}
-
-fn fail(message: &str, code: u8) -> ExitCode {
-    eprintln!("{message}");
-    ExitCode::from(code)
+    }
 }
 
 /// The parent's job: choose how many ranks, start them, report how they ended.
