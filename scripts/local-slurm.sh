@@ -278,6 +278,7 @@ cmd_start() {
     for p in "$CTLD_PORT" "$NODE1_PORT" "$NODE2_PORT"; do
         port_in_use "$p" && die "TCP port $p is already in use (override with LOCAL_SLURM_*_PORT)"
     done
+    [[ $d != *[[:space:]\'\"]* ]] || die "DIR must not contain spaces or quotes: $d"
     local sock="$d/munge/munge.socket"
     [[ ${#sock} -lt 100 ]] || die "DIR path too long for a unix socket ($sock); use a shorter DIR"
 

@@ -1,0 +1,273 @@
+//! When a rank fails, the job ends: the others are stopped (self-spawn) or fail by themselves
+//! (no parent, as under srun), with a message and a non-zero exit, never a hang. Ctrl-C and a
+//! killed parent leave no orphan.
+//!
+//! This test binary is its own distributed program: re-executed with `SCENARIO` set, the test
+//! function runs `comm_core::launch` instead of checking.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use comm_core::launch::{run_to_code, LaunchArgs};
+use comm_core::{BackendChoice, ReduceOp};
+
+/// What a rank does in each scenario, with its pid recorded in `PID_DIR`.
+fn as_rank(scenario: &str) -> ! {
+    let args = LaunchArgs {
+        nproc_per_node: Some(3),
+        backend: BackendChoice::Cpu,
+        timeout: std::env::var("JOB_TIMEOUT").unwrap().parse().unwrap(),
+    };
+    let code = run_to_code(&args, |comm| {
+        let dir = std::env::var("PID_DIR").unwrap();
+        std::fs::write(
+            Path::new(&dir).join(comm.rank().to_string()),
+            std::process::id().to_string(),
+        )
+        .unwrap();
+        match scenario {
+            "exit-early" if comm.rank() == 1 => {
+                eprintln!("rank 1 is leaving on purpose");
+                std::process::exit(3)
+            }
+            "hang" if comm.rank() == 1 => std::thread::sleep(Duration::from_secs(600)),
+            _ => {}
+        }
+        let mut buf = comm.buffer(&vec![1.0f32; 1 << 16])?;
+        comm.all_reduce(&mut buf, ReduceOp::Sum)
+    });
+    std::process::exit(code)
+}
+
+/// Starts this test again as the job of `scenario`.
+fn job(test: &str, scenario: &str, timeout: &str, dir: &Path) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env("SCENARIO", scenario)
+        .env("JOB_TIMEOUT", timeout)
+        .env("PID_DIR", dir)
+        .env_remove("RANK")
+        .env_remove("SLURM_PROCID")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("comm-core-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Waits for the ranks to record their pids.
+fn rank_pids(dir: &Path, n: usize) -> Vec<i32> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let pids: Vec<i32> = (0..n)
+            .filter_map(|r| {
+                std::fs::read_to_string(dir.join(r.to_string()))
+                    .ok()?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        if pids.len() == n {
+            return pids;
+        }
+        assert!(Instant::now() < deadline, "ranks did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie has been killed but not yet reaped; it runs nothing.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat.contains(") Z "),
+        Err(_) => false,
+    }
+}
+
+fn assert_all_gone(pids: &[i32]) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pids.iter().any(|&p| alive(p)) {
+        assert!(
+            Instant::now() < deadline,
+            "orphaned ranks still running: {pids:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_with_limit(mut child: Child, limit: Duration) -> (i32, String) {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+            return (status.code().unwrap_or(-1), stderr);
+        }
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("the job hung for {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_rank_that_exits_early_stops_the_job_with_its_code() {
+    if let Ok(scenario) = std::env::var("SCENARIO") {
+        as_rank(&scenario);
+    }
+    let dir = scratch("exit-early");
+    let started = Instant::now();
+    // A 60 s timeout: ending within seconds proves the parent stopped the others.
+    let child = job(
+        "a_rank_that_exits_early_stops_the_job_with_its_code",
+        "exit-early",
+        "60",
+        &dir,
+    )
+    .spawn()
+    .unwrap();
+    let (code, stderr) = wait_with_limit(child, Duration::from_secs(30));
+    assert_eq!(
+        code, 3,
+        "the job exits with the failed rank's code; stderr:\n{stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(stderr.contains("rank 1 is leaving on purpose"), "{stderr}");
+    assert!(
+        stderr.contains("error: rank 1 exited with code 3; the other ranks were stopped"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_all_gone(&rank_pids(&dir, 3));
+}
+
+#[test]
+fn without_a_parent_the_others_fail_by_themselves() {
+    if let Ok(scenario) = std::env::var("SCENARIO") {
+        as_rank(&scenario);
+    }
+    // Started one by one as torchrun or srun would: nobody stops the survivors but themselves.
+    let dir = scratch("no-parent");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let ranks: Vec<Child> = (0..3)
+        .map(|rank| {
+            job(
+                "without_a_parent_the_others_fail_by_themselves",
+                "exit-early",
+                "60",
+                &dir,
+            )
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", "3")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    let results: Vec<(i32, String)> = ranks
+        .into_iter()
+        .map(|c| wait_with_limit(c, Duration::from_secs(30)))
+        .collect();
+    assert_eq!(results[1].0, 3);
+    for rank in [0, 2] {
+        let (code, stderr) = &results[rank];
+        assert_ne!(*code, 0, "rank {rank} should fail");
+        assert!(
+            stderr.contains(&format!("error: rank {rank}: ")),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("closed its connection")
+                || stderr.contains("lost the rendezvous store"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_never_answers_fails_the_job_at_the_timeout() {
+    if let Ok(scenario) = std::env::var("SCENARIO") {
+        as_rank(&scenario);
+    }
+    let dir = scratch("hang");
+    let started = Instant::now();
+    let child = job(
+        "a_rank_that_never_answers_fails_the_job_at_the_timeout",
+        "hang",
+        "2",
+        &dir,
+    )
+    .spawn()
+    .unwrap();
+    let (code, stderr) = wait_with_limit(child, Duration::from_secs(30));
+    assert_ne!(code, 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        stderr.contains("timed out after 2s waiting for rank 1"),
+        "{stderr}"
+    );
+    assert_all_gone(&rank_pids(&dir, 3));
+}
+
+#[test]
+fn ctrl_c_reaches_every_rank_and_leaves_no_orphan() {
+    if let Ok(scenario) = std::env::var("SCENARIO") {
+        as_rank(&scenario);
+    }
+    let dir = scratch("ctrl-c");
+    let child = job(
+        "ctrl_c_reaches_every_rank_and_leaves_no_orphan",
+        "hang",
+        "60",
+        &dir,
+    )
+    .spawn()
+    .unwrap();
+    let pids = rank_pids(&dir, 3);
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let (code, stderr) = wait_with_limit(child, Duration::from_secs(20));
+    assert_eq!(code, 130, "128 + SIGINT; stderr:\n{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert_all_gone(&pids);
+}
+
+#[test]
+fn a_killed_parent_takes_its_ranks_with_it() {
+    if let Ok(scenario) = std::env::var("SCENARIO") {
+        as_rank(&scenario);
+    }
+    let dir = scratch("kill-parent");
+    let mut child = job(
+        "a_killed_parent_takes_its_ranks_with_it",
+        "hang",
+        "60",
+        &dir,
+    )
+    .spawn()
+    .unwrap();
+    let pids = rank_pids(&dir, 3);
+    child.kill().unwrap(); // SIGKILL: no chance to clean up
+    child.wait().unwrap();
+    assert_all_gone(&pids);
+}
