@@ -321,7 +321,7 @@ impl Communicator {
     }
 
     fn check_blocks(&self, what: &str, len: usize) -> Result<()> {
-        if len % self.world_size != 0 {
+        if !len.is_multiple_of(self.world_size) {
             return Err(CommError::Usage(format!(
                 "{what}: a buffer of {len} elements does not split into {} equal blocks",
                 self.world_size
