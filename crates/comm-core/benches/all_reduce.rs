@@ -16,7 +16,10 @@ const WARMUP: usize = 3;
 const ITERS: usize = 10;
 
 fn main() {
-    let nproc = std::env::var("NPROC").ok().and_then(|n| n.parse().ok()).unwrap_or(2);
+    let nproc = std::env::var("NPROC")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2);
     let args = LaunchArgs {
         nproc_per_node: Some(nproc),
         backend: BackendChoice::Cpu,
@@ -25,7 +28,10 @@ fn main() {
     let code = run_to_code(&args, |comm| {
         let n = comm.world_size();
         if comm.rank() == 0 {
-            println!("{:>12} {:>12} {:>12} {:>12}", "bytes", "median ms", "min ms", "busbw GB/s");
+            println!(
+                "{:>12} {:>12} {:>12} {:>12}",
+                "bytes", "median ms", "min ms", "busbw GB/s"
+            );
         }
         for bytes in SIZES {
             let mut buf = comm.buffer(&vec![1.0f32; bytes / 4])?;
@@ -44,7 +50,11 @@ fn main() {
             let median = times[times.len() / 2];
             let busbw = bytes as f64 / median / 1e9 * 2.0 * (n - 1) as f64 / n as f64;
             if comm.rank() == 0 {
-                println!("{bytes:>12} {:>12.2} {:>12.2} {busbw:>12.2}", median * 1e3, times[0] * 1e3);
+                println!(
+                    "{bytes:>12} {:>12.2} {:>12.2} {busbw:>12.2}",
+                    median * 1e3,
+                    times[0] * 1e3
+                );
             }
         }
         Ok(())
