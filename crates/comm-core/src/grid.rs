@@ -158,7 +158,7 @@ Gpu 1  | 0  | 0  | 0  | 0  |
     #[test]
     fn empty_buffer_and_round_trip() {
         let row = Row::of::<f64>(&[]);
-        assert!(render("t", &[row.clone()]).contains("Gpu 0  | (empty) |"));
+        assert!(render("t", std::slice::from_ref(&row)).contains("Gpu 0  | (empty) |"));
         let row = Row::of(&[1.5f64, -2.0]);
         assert_eq!(Row::decode(&row.encode()), Some(row));
         assert_eq!(Row::decode(b"x"), None);
