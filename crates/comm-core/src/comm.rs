@@ -6,49 +6,75 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use cudarc::driver::CudaSlice;
+
 use crate::backend::cpu::{CpuBackend, Transport};
+use crate::backend::nccl::NcclBackend;
 use crate::backend::{BackendKind, Device};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::store::{Store, StoreServer};
 
-/// Elements on the communicator's device.
-#[derive(Debug, Clone, PartialEq)]
+/// Elements on the communicator's device: host memory for the CPU backend, GPU memory for NCCL.
+#[derive(Debug)]
 pub struct Buffer<T: Element> {
     repr: Repr<T>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 enum Repr<T: Element> {
     Host(Vec<T>),
+    Device(CudaSlice<T>),
 }
 
 impl<T: Element> Buffer<T> {
     pub fn len(&self) -> usize {
         match &self.repr {
             Repr::Host(v) => v.len(),
+            Repr::Device(d) => d.len(),
         }
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
 
-    fn host(&self) -> &[T] {
-        match &self.repr {
-            Repr::Host(v) => v,
-        }
+fn wrong_kind() -> CommError {
+    CommError::Usage("this buffer belongs to a communicator of another backend".into())
+}
+
+fn host<T: Element>(buf: &Buffer<T>) -> Result<&[T]> {
+    match &buf.repr {
+        Repr::Host(v) => Ok(v),
+        Repr::Device(_) => Err(wrong_kind()),
     }
+}
 
-    fn host_mut(&mut self) -> &mut [T] {
-        match &mut self.repr {
-            Repr::Host(v) => v,
-        }
+fn host_mut<T: Element>(buf: &mut Buffer<T>) -> Result<&mut [T]> {
+    match &mut buf.repr {
+        Repr::Host(v) => Ok(v),
+        Repr::Device(_) => Err(wrong_kind()),
+    }
+}
+
+fn device<T: Element>(buf: &Buffer<T>) -> Result<&CudaSlice<T>> {
+    match &buf.repr {
+        Repr::Device(d) => Ok(d),
+        Repr::Host(_) => Err(wrong_kind()),
+    }
+}
+
+fn device_mut<T: Element>(buf: &mut Buffer<T>) -> Result<&mut CudaSlice<T>> {
+    match &mut buf.repr {
+        Repr::Device(d) => Ok(d),
+        Repr::Host(_) => Err(wrong_kind()),
     }
 }
 
 enum Engine {
     Cpu(CpuBackend),
+    Nccl(NcclBackend),
 }
 
 /// This rank's handle on the group.
@@ -84,6 +110,26 @@ impl Communicator {
         }
     }
 
+    /// An NCCL communicator on GPU `ordinal`. The store (and rank 0's server) stay alive with it.
+    pub fn nccl(
+        backend: NcclBackend,
+        topology: &crate::Topology,
+        ordinal: usize,
+        store: Arc<Store>,
+        server: Option<StoreServer>,
+    ) -> Communicator {
+        Communicator {
+            rank: topology.rank,
+            world_size: topology.world_size,
+            local_rank: topology.local_rank,
+            device: Device::Cuda(ordinal),
+            engine: Engine::Nccl(backend),
+            store: Some(store),
+            server,
+            grids: AtomicU64::new(0),
+        }
+    }
+
     pub fn rank(&self) -> usize {
         self.rank
     }
@@ -104,6 +150,7 @@ impl Communicator {
     pub fn backend(&self) -> BackendKind {
         match self.engine {
             Engine::Cpu(_) => BackendKind::Cpu,
+            Engine::Nccl(_) => BackendKind::Nccl,
         }
     }
 
@@ -129,9 +176,11 @@ impl Communicator {
 
     /// Copies host values onto the device.
     pub fn buffer<T: Element>(&self, values: &[T]) -> Result<Buffer<T>> {
-        Ok(Buffer {
-            repr: Repr::Host(values.to_vec()),
-        })
+        let repr = match &self.engine {
+            Engine::Cpu(_) => Repr::Host(values.to_vec()),
+            Engine::Nccl(nccl) => Repr::Device(nccl.upload(values)?),
+        };
+        Ok(Buffer { repr })
     }
 
     /// A buffer of `len` zeros on the device.
@@ -141,13 +190,18 @@ impl Communicator {
 
     /// Copies a buffer back to the host (waiting for work on it to finish).
     pub fn to_host<T: Element>(&self, buf: &Buffer<T>) -> Result<Vec<T>> {
-        Ok(buf.host().to_vec())
+        match (&self.engine, &buf.repr) {
+            (Engine::Cpu(_), Repr::Host(v)) => Ok(v.clone()),
+            (Engine::Nccl(nccl), Repr::Device(d)) => nccl.download(d),
+            _ => Err(wrong_kind()),
+        }
     }
 
     /// Blocks until every rank has called it.
     pub fn barrier(&self) -> Result<()> {
         match &self.engine {
             Engine::Cpu(cpu) => cpu.barrier(),
+            Engine::Nccl(nccl) => nccl.barrier(),
         }
     }
 
@@ -155,7 +209,8 @@ impl Communicator {
     pub fn broadcast<T: Element>(&self, buf: &mut Buffer<T>, root: usize) -> Result<()> {
         self.check_root(root, "broadcast")?;
         match &self.engine {
-            Engine::Cpu(cpu) => cpu.broadcast(buf.host_mut(), root),
+            Engine::Cpu(cpu) => cpu.broadcast(host_mut(buf)?, root),
+            Engine::Nccl(nccl) => nccl.broadcast(None, device_mut(buf)?, root),
         }
     }
 
@@ -169,14 +224,16 @@ impl Communicator {
         self.check_root(root, "broadcast")?;
         same_len("broadcast", send, recv)?;
         match &self.engine {
-            Engine::Cpu(cpu) => cpu.broadcast_into(send.host(), recv.host_mut(), root),
+            Engine::Cpu(cpu) => cpu.broadcast_into(host(send)?, host_mut(recv)?, root),
+            Engine::Nccl(nccl) => nccl.broadcast(Some(device(send)?), device_mut(recv)?, root),
         }
     }
 
     /// Every rank ends with the element-wise reduction of all ranks' buffers.
     pub fn all_reduce<T: Element>(&self, buf: &mut Buffer<T>, op: ReduceOp) -> Result<()> {
         match &self.engine {
-            Engine::Cpu(cpu) => cpu.all_reduce(buf.host_mut(), op),
+            Engine::Cpu(cpu) => cpu.all_reduce(host_mut(buf)?, op),
+            Engine::Nccl(nccl) => nccl.all_reduce(None, device_mut(buf)?, op),
         }
     }
 
@@ -188,7 +245,8 @@ impl Communicator {
     ) -> Result<()> {
         same_len("all_reduce", send, recv)?;
         match &self.engine {
-            Engine::Cpu(cpu) => cpu.all_reduce_into(send.host(), recv.host_mut(), op),
+            Engine::Cpu(cpu) => cpu.all_reduce_into(host(send)?, host_mut(recv)?, op),
+            Engine::Nccl(nccl) => nccl.all_reduce(Some(device(send)?), device_mut(recv)?, op),
         }
     }
 
@@ -196,7 +254,8 @@ impl Communicator {
     pub fn reduce<T: Element>(&self, buf: &mut Buffer<T>, op: ReduceOp, root: usize) -> Result<()> {
         self.check_root(root, "reduce")?;
         match &self.engine {
-            Engine::Cpu(cpu) => cpu.reduce(buf.host_mut(), op, root),
+            Engine::Cpu(cpu) => cpu.reduce(host_mut(buf)?, op, root),
+            Engine::Nccl(nccl) => nccl.reduce(None, device_mut(buf)?, op, root),
         }
     }
 
@@ -211,7 +270,8 @@ impl Communicator {
         self.check_root(root, "reduce")?;
         same_len("reduce", send, recv)?;
         match &self.engine {
-            Engine::Cpu(cpu) => cpu.reduce_into(send.host(), recv.host_mut(), op, root),
+            Engine::Cpu(cpu) => cpu.reduce_into(host(send)?, host_mut(recv)?, op, root),
+            Engine::Nccl(nccl) => nccl.reduce(Some(device(send)?), device_mut(recv)?, op, root),
         }
     }
 
@@ -219,8 +279,10 @@ impl Communicator {
     /// afterwards every block holds its rank's data.
     pub fn all_gather<T: Element>(&self, buf: &mut Buffer<T>) -> Result<()> {
         self.check_blocks("all_gather", buf.len())?;
+        let count = buf.len() / self.world_size;
         match &self.engine {
-            Engine::Cpu(cpu) => cpu.all_gather(buf.host_mut()),
+            Engine::Cpu(cpu) => cpu.all_gather(host_mut(buf)?),
+            Engine::Nccl(nccl) => nccl.all_gather(None, device_mut(buf)?, count),
         }
     }
 
@@ -232,7 +294,10 @@ impl Communicator {
     ) -> Result<()> {
         self.check_scaled("all_gather", "recv", recv.len(), "send", send.len())?;
         match &self.engine {
-            Engine::Cpu(cpu) => cpu.all_gather_into(send.host(), recv.host_mut()),
+            Engine::Cpu(cpu) => cpu.all_gather_into(host(send)?, host_mut(recv)?),
+            Engine::Nccl(nccl) => {
+                nccl.all_gather(Some(device(send)?), device_mut(recv)?, send.len())
+            }
         }
     }
 
@@ -240,8 +305,10 @@ impl Communicator {
     /// reduction of block `rank` over all ranks (other blocks hold partial sums).
     pub fn reduce_scatter<T: Element>(&self, buf: &mut Buffer<T>, op: ReduceOp) -> Result<()> {
         self.check_blocks("reduce_scatter", buf.len())?;
+        let count = buf.len() / self.world_size;
         match &self.engine {
-            Engine::Cpu(cpu) => cpu.reduce_scatter(buf.host_mut(), op),
+            Engine::Cpu(cpu) => cpu.reduce_scatter(host_mut(buf)?, op),
+            Engine::Nccl(nccl) => nccl.reduce_scatter(None, device_mut(buf)?, count, op),
         }
     }
 
@@ -254,7 +321,11 @@ impl Communicator {
     ) -> Result<()> {
         self.check_scaled("reduce_scatter", "send", send.len(), "recv", recv.len())?;
         match &self.engine {
-            Engine::Cpu(cpu) => cpu.reduce_scatter_into(send.host(), recv.host_mut(), op),
+            Engine::Cpu(cpu) => cpu.reduce_scatter_into(host(send)?, host_mut(recv)?, op),
+            Engine::Nccl(nccl) => {
+                let count = recv.len();
+                nccl.reduce_scatter(Some(device(send)?), device_mut(recv)?, count, op)
+            }
         }
     }
 
@@ -262,14 +333,16 @@ impl Communicator {
     pub fn send<T: Element>(&self, buf: &Buffer<T>, peer: usize) -> Result<()> {
         self.check_peer(peer, "send")?;
         match &self.engine {
-            Engine::Cpu(cpu) => cpu.send(buf.host(), peer),
+            Engine::Cpu(cpu) => cpu.send(host(buf)?, peer),
+            Engine::Nccl(nccl) => nccl.send(device(buf)?, peer),
         }
     }
 
     pub fn recv<T: Element>(&self, buf: &mut Buffer<T>, peer: usize) -> Result<()> {
         self.check_peer(peer, "recv")?;
         match &self.engine {
-            Engine::Cpu(cpu) => cpu.recv(buf.host_mut(), peer),
+            Engine::Cpu(cpu) => cpu.recv(host_mut(buf)?, peer),
+            Engine::Nccl(nccl) => nccl.recv(device_mut(buf)?, peer),
         }
     }
 

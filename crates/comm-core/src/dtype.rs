@@ -11,6 +11,10 @@ pub enum DType {
     F64,
     I32,
     I64,
+    #[cfg(feature = "f16")]
+    F16,
+    #[cfg(feature = "f16")]
+    BF16,
 }
 
 impl DType {
@@ -22,6 +26,10 @@ impl DType {
             DType::F64 => "double",
             DType::I32 => "int32",
             DType::I64 => "int64",
+            #[cfg(feature = "f16")]
+            DType::F16 => "half",
+            #[cfg(feature = "f16")]
+            DType::BF16 => "bfloat16",
         }
     }
 
@@ -29,6 +37,8 @@ impl DType {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::F64 | DType::I64 => 8,
+            #[cfg(feature = "f16")]
+            DType::F16 | DType::BF16 => 2,
         }
     }
 }
@@ -47,6 +57,10 @@ impl FromStr for DType {
             "double" | "f64" | "float64" => Ok(DType::F64),
             "int32" | "i32" | "int" => Ok(DType::I32),
             "int64" | "i64" => Ok(DType::I64),
+            #[cfg(feature = "f16")]
+            "half" | "f16" | "float16" => Ok(DType::F16),
+            #[cfg(feature = "f16")]
+            "bfloat16" | "bf16" => Ok(DType::BF16),
             _ => Err(format!(
                 "unknown dtype {s:?}: use float, double, int32 or int64"
             )),
@@ -103,7 +117,17 @@ impl FromStr for ReduceOp {
 
 /// A value a collective can carry: plain bytes (`Pod`), with its reductions.
 pub trait Element:
-    bytemuck::Pod + Default + PartialEq + PartialOrd + fmt::Debug + fmt::Display + Send + Sync + 'static
+    bytemuck::Pod
+    + cudarc::driver::DeviceRepr
+    + cudarc::driver::ValidAsZeroBits
+    + Default
+    + PartialEq
+    + PartialOrd
+    + fmt::Debug
+    + fmt::Display
+    + Send
+    + Sync
+    + 'static
 {
     const DTYPE: DType;
     /// `a op b` for the pairwise ops (Avg combines as Sum; [`Element::divide`] finishes it).
@@ -160,6 +184,30 @@ macro_rules! int_element {
     };
 }
 
+/// Half precision reduces through f32, as NCCL's kernels do.
+#[cfg(feature = "f16")]
+macro_rules! half_element {
+    ($t:ty, $d:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+            #[inline]
+            fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
+                <$t>::from_f32(f32::combine(op, a.to_f32(), b.to_f32()))
+            }
+            fn divide(self, n: usize) -> Self {
+                <$t>::from_f32(self.to_f32() / n as f32)
+            }
+            fn from_i64(v: i64) -> Self {
+                <$t>::from_f32(v as f32)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "f16")]
+half_element!(half::f16, DType::F16);
+#[cfg(feature = "f16")]
+half_element!(half::bf16, DType::BF16);
 float_element!(f32, DType::F32);
 float_element!(f64, DType::F64);
 int_element!(i32, DType::I32);

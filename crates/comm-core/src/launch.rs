@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::cpu::TcpTransport;
+use crate::backend::nccl::NcclBackend;
 use crate::backend::{self, BackendChoice, BackendKind};
 use crate::comm::Communicator;
 use crate::error::{CommError, Result};
@@ -159,6 +160,18 @@ pub fn connect(topology: &Topology, args: &LaunchArgs) -> Result<Communicator> {
         world_size,
         timeout,
     )?);
+    // Every rank must run the same backend; rank 0's choice rules.
+    if rank == 0 {
+        store.set("backend", selection.kind.to_string().as_bytes())?;
+    } else {
+        let chosen = String::from_utf8_lossy(&store.get("backend")?).into_owned();
+        if chosen != selection.kind.to_string() {
+            return Err(CommError::Backend(format!(
+                "rank 0 runs the {chosen} backend but this rank would run {selection}; \
+                 give every rank the same --backend, or fix this node's CUDA/NCCL"
+            )));
+        }
+    }
     match selection.kind {
         BackendKind::Cpu => {
             let transport = TcpTransport::connect(&store, "cpu", rank, world_size)?;
@@ -169,8 +182,14 @@ pub fn connect(topology: &Topology, args: &LaunchArgs) -> Result<Communicator> {
                 server,
             ))
         }
-        BackendKind::Nccl => Err(CommError::Backend(
-            "the NCCL backend is not built in yet".into(),
-        )),
+        BackendKind::Nccl => {
+            let ordinal = backend::nccl::device_for(
+                topology.local_rank,
+                topology.local_world_size,
+                selection.gpus,
+            )?;
+            let nccl = NcclBackend::connect(&store, rank, world_size, ordinal)?;
+            Ok(Communicator::nccl(nccl, topology, ordinal, store, server))
+        }
     }
 }

@@ -6,6 +6,7 @@
 //! [`spawn`] starts the ranks when no launcher did; [`launch::run`] ties it all together.
 
 pub mod backend;
+pub mod check;
 pub mod comm;
 pub mod dtype;
 pub mod error;

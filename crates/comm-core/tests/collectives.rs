@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use comm_core::backend::cpu::{ChannelTransport, TcpTransport, Transport};
+use comm_core::check::{input, reference};
 use comm_core::store::{Store, StoreServer};
 use comm_core::{Communicator, Element, ReduceOp};
-use rand::{rngs::StdRng, Rng, SeedableRng};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const BIG_BYTES: usize = 16 << 20;
@@ -62,33 +62,9 @@ fn on_ranks<R: Send>(n: usize, wire: Wire, body: impl Fn(&Communicator) -> R + S
     })
 }
 
-/// Random small whole numbers, different on every rank; products stay exact.
+/// Small whole numbers, different on every rank (see `comm_core::check::input`).
 fn inputs<T: Element>(n: usize, len: usize, op: ReduceOp, seed: u64) -> Vec<Vec<T>> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            (0..len)
-                .map(|_| match op {
-                    ReduceOp::Prod => T::from_i64([1, 2, -1][rng.random_range(0..3)]),
-                    _ => T::from_i64(rng.random_range(-50..50)),
-                })
-                .collect()
-        })
-        .collect()
-}
-
-/// The sequential reference: fold every rank's value in rank order, then finish Avg.
-fn reference<T: Element>(data: &[Vec<T>], op: ReduceOp) -> Vec<T> {
-    let mut acc = data[0].clone();
-    for other in &data[1..] {
-        for (a, &b) in acc.iter_mut().zip(other) {
-            *a = T::combine(op, *a, b);
-        }
-    }
-    if op == ReduceOp::Avg {
-        acc.iter_mut().for_each(|v| *v = v.divide(data.len()));
-    }
-    acc
+    (0..n).map(|rank| input(seed, rank, len, op)).collect()
 }
 
 fn assert_same<T: Element>(got: &[T], want: &[T], what: &str) {

@@ -3,6 +3,7 @@
 //! and libnccl are usable, else the CPU, and says which and why.
 
 pub mod cpu;
+pub mod nccl;
 
 use std::fmt;
 
@@ -46,22 +47,38 @@ impl fmt::Display for Selection {
 }
 
 /// Decides the backend. Never panics: a missing driver or library is a reason, not a crash.
+///
+/// When the only NCCL around is `libnccl.so.2` (pip's wheels, runtime packages), this restarts
+/// the program with a `libnccl.so` link to it on LD_LIBRARY_PATH (see [`nccl::library`]); the
+/// restarted program decides again and finds it.
 pub fn select(choice: BackendChoice) -> crate::Result<Selection> {
-    match choice {
-        BackendChoice::Cpu => Ok(Selection {
-            kind: BackendKind::Cpu,
-            reason: "asked for with --backend cpu".into(),
-            gpus: 0,
+    let var = |name: &str| std::env::var(name).ok();
+    let cpu = |reason: String| Selection {
+        kind: BackendKind::Cpu,
+        reason,
+        gpus: 0,
+    };
+    if choice == BackendChoice::Cpu {
+        return Ok(cpu("asked for with --backend cpu".into()));
+    }
+    match nccl::probe(&nccl::ThisMachine(var)) {
+        nccl::Probe::Ready { gpus, version } => Ok(Selection {
+            kind: BackendKind::Nccl,
+            reason: format!(
+                "{gpus} GPU{}, NCCL {version}{}",
+                if gpus == 1 { "" } else { "s" },
+                if nccl::library::relinked(&var) { ", libnccl.so.2 linked as libnccl.so" } else { "" }
+            ),
+            gpus,
         }),
-        BackendChoice::Auto => Ok(Selection {
-            kind: BackendKind::Cpu,
-            reason: "this build has no NCCL backend yet".into(),
-            gpus: 0,
-        }),
-        BackendChoice::Nccl => Err(crate::CommError::Backend(
-            "--backend nccl: this build has no NCCL backend yet; use --backend cpu (or auto)"
-                .into(),
-        )),
+        nccl::Probe::Relink(library) => {
+            let folder = nccl::library::link_folder(&library)?;
+            Err(nccl::library::reexec_with(&folder, &var))
+        }
+        nccl::Probe::Unavailable(reason) if choice == BackendChoice::Auto => Ok(cpu(reason)),
+        nccl::Probe::Unavailable(reason) => Err(crate::CommError::Backend(format!(
+            "--backend nccl cannot run here: {reason}. Use --backend cpu (or auto) to run on the CPU"
+        ))),
     }
 }
 
