@@ -1,0 +1,201 @@
+//! The command line: torchrun's flags where they mean the same thing (both `--nproc-per-node`
+//! and torchrun's older `--nproc_per_node` spelling work), then the program and its arguments.
+
+use std::ffi::OsString;
+
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "commrun",
+    version,
+    about = "Start a distributed program: N workers on this node, each with torchrun's environment \
+             (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT)",
+    after_help = "\
+Examples:
+  commrun --nproc-per-node 4 target/release/examples/02-allreduce
+  commrun --standalone --nproc-per-node 4 -- python train.py --epochs 3
+
+  # two nodes (or two shells on one machine), node 0's host serving the rendezvous:
+  commrun --nnodes 2 --node-rank 0 --nproc-per-node 4 --master-addr HOST0 PROGRAM
+  commrun --nnodes 2 --node-rank 1 --nproc-per-node 4 --master-addr HOST0 PROGRAM
+
+  # under Slurm, one commrun per node: nodes, node rank and master come from SLURM_* variables
+  srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES commrun --nproc-per-node 4 PROGRAM
+
+Each line a worker prints is prefixed with its rank ([3]: ...) unless --no-prefix. When a worker
+fails, the others get SIGTERM, then SIGKILL after --shutdown-timeout; commrun exits with the
+failed worker's code (128 + signal if it was killed) and prints the root cause."
+)]
+pub struct Cli {
+    /// Workers on this node: a number, `gpu` (one per GPU), `cpu` (one per CPU core) or `auto`
+    /// (one per GPU if there are GPUs, else one per core), as torchrun reads it.
+    #[arg(long, alias = "nproc_per_node", value_name = "N", default_value = "1",
+          value_parser = parse_nproc)]
+    pub nproc_per_node: Nproc,
+
+    /// Number of nodes [default: 1, or the srun step's node count under Slurm]. torchrun's
+    /// elastic `MIN:MAX` ranges are accepted only when MIN = MAX.
+    #[arg(long, value_name = "N", value_parser = parse_nnodes)]
+    pub nnodes: Option<usize>,
+
+    /// This node's rank, 0 to nnodes-1; node 0 hosts rank 0 and the rendezvous store
+    /// [default: 0 on one node, SLURM_PROCID under srun; required otherwise].
+    #[arg(long, alias = "node_rank", value_name = "N")]
+    pub node_rank: Option<usize>,
+
+    /// Host name or address of node 0 [default: 127.0.0.1 on one node, the first host of
+    /// the Slurm step under srun].
+    #[arg(long, alias = "master_addr", value_name = "HOST")]
+    pub master_addr: Option<String>,
+
+    /// Port of the rendezvous store on node 0 [default: 29500, or one derived from
+    /// SLURM_JOB_ID under srun].
+    #[arg(long, alias = "master_port", value_name = "PORT",
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub master_port: Option<u16>,
+
+    /// `HOST[:PORT]` of node 0, instead of --master-addr and --master-port (port 29400 if not
+    /// given, as torchrun).
+    #[arg(long, alias = "rdzv_endpoint", value_name = "HOST[:PORT]",
+          conflicts_with_all = ["master_addr", "master_port"])]
+    pub rdzv_endpoint: Option<String>,
+
+    /// Accepted for torchrun compatibility: `c10d` or `static`. commrun always uses the store
+    /// that rank 0 serves at the endpoint, with fixed node ranks.
+    #[arg(long, alias = "rdzv_backend", value_name = "NAME")]
+    pub rdzv_backend: Option<String>,
+
+    /// Accepted for torchrun compatibility and ignored (a job id).
+    #[arg(long, alias = "rdzv_id", value_name = "ID")]
+    pub rdzv_id: Option<String>,
+
+    /// One node on this machine: master 127.0.0.1 and a free port.
+    #[arg(long, conflicts_with_all = ["master_addr", "master_port", "rdzv_endpoint", "node_rank"])]
+    pub standalone: bool,
+
+    /// Print the workers' lines as they are, without the `[rank]: ` prefix.
+    #[arg(long)]
+    pub no_prefix: bool,
+
+    /// Seconds between SIGTERM and SIGKILL when stopping workers (torchrun's default is 30).
+    #[arg(
+        long,
+        alias = "shutdown_timeout",
+        value_name = "SECONDS",
+        default_value_t = 5.0
+    )]
+    pub shutdown_timeout: f64,
+
+    /// The program to start on every worker, then its arguments (after `--` if they could be
+    /// read as commrun's own flags).
+    #[arg(value_name = "PROGRAM", required = true, num_args = 1.., trailing_var_arg = true)]
+    pub command: Vec<OsString>,
+}
+
+/// How many workers `--nproc-per-node` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nproc {
+    Count(usize),
+    Gpu,
+    Cpu,
+    Auto,
+}
+
+fn parse_nproc(value: &str) -> Result<Nproc, String> {
+    match value {
+        "gpu" => Ok(Nproc::Gpu),
+        "cpu" => Ok(Nproc::Cpu),
+        "auto" => Ok(Nproc::Auto),
+        _ => match value.parse::<usize>() {
+            Ok(0) => Err("start at least one worker".into()),
+            Ok(n) => Ok(Nproc::Count(n)),
+            Err(_) => Err("give a number of workers, or gpu, cpu or auto".into()),
+        },
+    }
+}
+
+fn parse_nnodes(value: &str) -> Result<usize, String> {
+    let number = |s: &str| match s.trim().parse::<usize>() {
+        Ok(0) => Err("a job needs at least one node".to_string()),
+        Ok(n) => Ok(n),
+        Err(_) => Err("give a number of nodes".to_string()),
+    };
+    match value.split_once(':') {
+        None => number(value),
+        Some((min, max)) => {
+            let (min, max) = (number(min)?, number(max)?);
+            if min == max {
+                Ok(min)
+            } else {
+                Err(format!(
+                    "elastic ranges ({min} to {max} nodes) are not supported: give one number"
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, String> {
+        Cli::try_parse_from(std::iter::once("commrun").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn torchrun_spellings_and_a_bare_program() {
+        let cli = parse(&[
+            "--nproc_per_node",
+            "4",
+            "--node_rank",
+            "1",
+            "prog",
+            "--len",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(cli.nproc_per_node, Nproc::Count(4));
+        assert_eq!(cli.node_rank, Some(1));
+        assert_eq!(cli.command, ["prog", "--len", "3"]);
+        let cli = parse(&["--nproc-per-node", "gpu", "--", "prog", "-n", "2"]).unwrap();
+        assert_eq!(cli.nproc_per_node, Nproc::Gpu);
+        assert_eq!(cli.command, ["prog", "-n", "2"]);
+        // After the program, even commrun's own flags belong to the program.
+        let cli = parse(&["prog", "--nnodes", "2", "--", "x"]).unwrap();
+        assert_eq!(cli.command, ["prog", "--nnodes", "2", "--", "x"]);
+        assert_eq!(cli.nnodes, None);
+    }
+
+    #[test]
+    fn defaults_are_torchruns() {
+        let cli = parse(&["prog"]).unwrap();
+        assert_eq!(cli.nproc_per_node, Nproc::Count(1));
+        assert_eq!((cli.nnodes, cli.node_rank), (None, None));
+        assert!(!cli.no_prefix && !cli.standalone);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        assert!(parse(&["--nproc-per-node", "0", "p"])
+            .unwrap_err()
+            .contains("at least one worker"));
+        assert!(parse(&["--nproc-per-node", "many", "p"])
+            .unwrap_err()
+            .contains("gpu, cpu or auto"));
+        assert_eq!(parse(&["--nnodes", "2:2", "p"]).unwrap().nnodes, Some(2));
+        assert!(parse(&["--nnodes", "1:4", "p"])
+            .unwrap_err()
+            .contains("elastic ranges"));
+        assert!(parse(&["--master-port", "0", "p"]).is_err());
+        assert!(parse(&["--master-port", "70000", "p"]).is_err());
+        assert!(parse(&["--standalone", "--master-addr", "h", "p"]).is_err());
+        assert!(parse(&["--rdzv-endpoint", "h:1", "--master-port", "2", "p"]).is_err());
+        assert!(parse(&["--nproc-per-node", "2"])
+            .unwrap_err()
+            .contains("PROGRAM"));
+        assert!(parse(&["--bogus", "p"]).unwrap_err().contains("--bogus"));
+    }
+}

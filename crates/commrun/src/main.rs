@@ -1,0 +1,82 @@
+//! commrun: torchrun's job for any program. It starts `--nproc-per-node` workers on this node,
+//! each with the variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+//! GROUP_RANK, MASTER_ADDR, MASTER_PORT), relays their output line by line, and when one fails
+//! stops the others and says why. Run it once per node; under srun it reads the node layout from
+//! Slurm's variables.
+//!
+//! The launching itself is comm-core's [`comm_core::spawn`], the same code an example uses when
+//! it starts its own ranks: commrun adds the command line, the checks and the root-cause summary.
+
+mod cli;
+mod plan;
+mod summary;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use comm_core::spawn::{self, Outcome};
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let code = match launch(&cli) {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("commrun: error: {message}");
+            2
+        }
+    };
+    ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+fn launch(cli: &cli::Cli) -> Result<i32, String> {
+    let machine = plan::Machine::probe()?;
+    let resolved = plan::resolve(cli, &machine)?;
+    let plan = &resolved.plan;
+    if plan.node_rank == 0 {
+        plan::check_port_free(plan.master_port)?;
+    }
+    let host = hostname();
+    if resolved.from_slurm {
+        eprintln!(
+            "commrun: node {} of {} on {host} (from srun's SLURM_* variables): ranks {}-{} of {}, \
+             rendezvous at {}:{}",
+            plan.node_rank,
+            plan.nnodes,
+            plan.node_rank * plan.nproc_per_node,
+            (plan.node_rank + 1) * plan.nproc_per_node - 1,
+            resolved.world_size(),
+            plan.master_addr,
+            plan.master_port
+        );
+    }
+    // torchrun's habit, for the same reason: N workers each starting one OpenMP thread per core
+    // would oversubscribe the node. Set before any thread exists; the workers inherit it.
+    if plan.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
+        std::env::set_var("OMP_NUM_THREADS", "1");
+    }
+    match spawn::run(plan).map_err(|e| e.to_string())? {
+        Outcome::Success => Ok(0),
+        Outcome::Failed(failure) => {
+            eprintln!("{}", summary::root_cause(&failure, plan, &host));
+            Ok(failure.exit_code())
+        }
+        outcome @ Outcome::Interrupted(sig) => {
+            eprintln!(
+                "commrun: interrupted by signal {sig}: passed it on to the workers of this node \
+                 and stopped them"
+            );
+            Ok(outcome.exit_code())
+        }
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match ok {
+        true if end > 0 => String::from_utf8_lossy(&buf[..end]).into_owned(),
+        _ => "this host".into(),
+    }
+}

@@ -1,0 +1,574 @@
+//! The sbatch scripts of `slurm/`, submitted to a real Slurm: Debian's slurmctld and two slurmd
+//! (node1, node2) started on this machine by `scripts/local-slurm.sh`, every job's output read
+//! back (hello lines, grids cell by cell, one profile per rank).
+//!
+//! The local cluster is shaped like Leonardo's Booster as far as scheduling goes: partition
+//! `boost_usr_prod`, 32 CPUs and 4 `gpu` GRES per node (plain files: there is no GPU behind
+//! them), and QOS and account are accepted as given. So the scripts run as a user submits them;
+//! the only things set from outside are the backend (`BACKEND=cpu`), where the build is
+//! (`BIN_DIR`), the output file and, to test other shapes, `--nodes`/`--ntasks-per-node`.
+//!
+//! Without Slurm installed (or without root, which the daemons need) the test says it skipped,
+//! unless NCCL_WORKSHOP_REQUIRE_SLURM=1 (as `.ci/run` sets), where that is a failure.
+//! To add a script, add a [`Job`] to [`jobs`].
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+
+/// One submission: a script of `slurm/`, what to set, and how to check what it printed.
+struct Job {
+    /// Shown in messages; also names the output file.
+    name: &'static str,
+    script: &'static str,
+    /// Files under BIN_DIR the job runs: the job is skipped (and says so) until they exist.
+    needs: &'static [&'static str],
+    /// sbatch options given on the command line (they override the script's #SBATCH lines).
+    options: &'static [&'static str],
+    env: &'static [(&'static str, &'static str)],
+    /// Arguments after the script, passed on to the program.
+    args: &'static [&'static str],
+    check: fn(&Checked),
+}
+
+/// What a finished job left behind.
+struct Checked {
+    output: String,
+    /// A scratch folder of this job (reports, CSVs).
+    dir: PathBuf,
+}
+
+fn jobs() -> Vec<Job> {
+    vec![
+        Job {
+            name: "00-hello-world",
+            script: "slurm/00-hello-world.sbatch",
+            needs: &["examples/00-hello-world"],
+            options: &[],
+            env: &[],
+            args: &[],
+            check: |c| hellos(&c.output, 1, 4, ""),
+        },
+        Job {
+            name: "00-hello-world-commrun",
+            script: "slurm/00-hello-world.sbatch",
+            needs: &["examples/00-hello-world", "commrun"],
+            options: &[],
+            env: &[("LAUNCH", "commrun")],
+            args: &[],
+            check: |c| hellos(&c.output, 1, 4, "[r]: "),
+        },
+        Job {
+            name: "01-broadcast",
+            script: "slurm/01-broadcast.sbatch",
+            needs: &["examples/01-broadcast"],
+            options: &[],
+            env: &[],
+            args: &["--len", "5"],
+            check: |c| {
+                let before = grid(&c.output, "Before broadcast:", "");
+                expect_cells(&before, 4, 5, |r| if r == 0 { "42" } else { "0" });
+                let after = grid(&c.output, "After broadcast:", "");
+                expect_cells(&after, 4, 5, |_| "42");
+            },
+        },
+        Job {
+            name: "02-allreduce",
+            script: "slurm/02-allreduce.sbatch",
+            needs: &["examples/02-allreduce"],
+            options: &[],
+            env: &[],
+            args: &["--len", "6"],
+            check: |c| allreduced(&c.output, 4, 6, ""),
+        },
+        // Multi-node, srun starting every rank: 2 nodes x 2 tasks.
+        Job {
+            name: "02-allreduce-2x2-srun",
+            script: "slurm/02-allreduce.sbatch",
+            needs: &["examples/02-allreduce"],
+            options: &["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2"],
+            env: &[],
+            args: &["--len", "3"],
+            check: |c| {
+                assert!(c
+                    .output
+                    .contains("on 2 node(s) (node[1-2]), 2 ranks per node"));
+                for rank in 0..4 {
+                    assert!(c
+                        .output
+                        .contains(&format!("Rank {rank} using device: cpu:{rank}\n")));
+                }
+                allreduced(&c.output, 4, 3, "");
+            },
+        },
+        // Multi-node, torchrun's way: one commrun per node, each starting 2 workers.
+        Job {
+            name: "02-allreduce-2x2-commrun",
+            script: "slurm/02-allreduce.sbatch",
+            needs: &["examples/02-allreduce", "commrun"],
+            options: &["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2"],
+            env: &[("LAUNCH", "commrun")],
+            args: &["--len", "3"],
+            check: |c| {
+                for node in 0..2 {
+                    let line = format!("commrun: node {node} of 2 on ");
+                    assert!(c.output.contains(&line), "{line:?}");
+                }
+                assert!(c.output.contains(&format!(
+                    "ranks 2-3 of 4, rendezvous at node1:{}",
+                    20000 + c.job_id() % 20000
+                )));
+                for rank in 0..4 {
+                    let line = format!("[{rank}]: Rank {rank} using device: cpu:{rank}\n");
+                    assert!(c.output.contains(&line), "{line:?}");
+                }
+                allreduced(&c.output, 4, 3, "[0]: ");
+            },
+        },
+        Job {
+            name: "03-multinode-2x1",
+            script: "slurm/03-multinode-2x1.sbatch",
+            needs: &["examples/03-multinode-gloo-vs-nccl"],
+            options: &[],
+            env: &[],
+            args: &[],
+            check: |c| {
+                assert!(c
+                    .output
+                    .contains("on 2 node(s) (node[1-2]), 1 ranks per node"))
+            },
+        },
+        Job {
+            name: "03-multinode-2x4",
+            script: "slurm/03-multinode-2x4.sbatch",
+            needs: &["examples/03-multinode-gloo-vs-nccl"],
+            options: &[],
+            env: &[],
+            args: &[],
+            check: |c| {
+                assert!(c
+                    .output
+                    .contains("on 2 node(s) (node[1-2]), 4 ranks per node"))
+            },
+        },
+        Job {
+            name: "04-bench-sweep",
+            script: "slurm/04-bench-sweep.sbatch",
+            needs: &["comm-bench"],
+            options: &[],
+            env: &[
+                ("OPS", "all_reduce"),
+                ("MAX_BYTES", "1K"),
+                ("ITERS", "2"),
+                ("WARMUP", "1"),
+            ],
+            args: &[],
+            check: |c| {
+                for layout in ["1x4", "2x4"] {
+                    let csv = c.dir.join(format!("all_reduce-{layout}.csv"));
+                    assert!(csv.is_file(), "no {}", csv.display());
+                }
+            },
+        },
+        // nsys itself is not here: a stand-in records its arguments, writes the report file
+        // its --output names (expanding %q{VAR} as nsys does) and runs the program.
+        Job {
+            name: "05-nsys-profile",
+            script: "slurm/05-nsys-profile.sbatch",
+            needs: &["examples/02-allreduce"],
+            options: &[],
+            env: &[("NSYS", "@fake-nsys")],
+            args: &["--len", "4"],
+            check: |c| {
+                allreduced(&c.output, 4, 4, "");
+                for rank in 0..4 {
+                    let report = c.dir.join(format!("02-allreduce-rank{rank}.nsys-rep"));
+                    assert!(report.is_file(), "no {}", report.display());
+                    let args = std::fs::read_to_string(&report).unwrap();
+                    assert!(args.starts_with("profile --trace=cuda,nvtx,osrt"), "{args}");
+                }
+            },
+        },
+    ]
+}
+
+impl Checked {
+    fn job_id(&self) -> u64 {
+        let line = self.output.lines().next().unwrap_or_default();
+        line.strip_prefix("job ")
+            .and_then(|l| l.split(':').next())
+            .and_then(|id| id.parse().ok())
+            .unwrap_or_else(|| panic!("no job id in the first line: {line:?}"))
+    }
+}
+
+/// `Hello from rank r of n …` once per rank (with `[r]: ` before it under commrun).
+fn hellos(output: &str, nodes: usize, per_node: usize, prefix: &str) {
+    let n = nodes * per_node;
+    for rank in 0..n {
+        let prefix = prefix.replace('r', &rank.to_string());
+        let hello = format!(
+            "{prefix}Hello from rank {rank} of {n} (local rank {}) on cpu:{rank} with the cpu backend",
+            rank % per_node
+        );
+        assert_eq!(
+            output.lines().filter(|l| *l == hello).count(),
+            1,
+            "{hello:?} once"
+        );
+    }
+    assert!(output.contains("backend: cpu (asked for with --backend cpu)"));
+}
+
+fn allreduced(output: &str, n: usize, len: usize, prefix: &str) {
+    let before = grid(output, "Before reduce:", prefix);
+    expect_cells(&before, n, len, |_| "1");
+    let after = grid(output, "After reduce:", prefix);
+    let n_text = n.to_string();
+    expect_cells(&after, n, len, |_| &n_text);
+}
+
+/// The grid under `title` that rank 0 printed: for each rank in order, its cells. Under srun
+/// the other ranks' lines may land between rank 0's, so only grid lines are read.
+fn grid(output: &str, title: &str, prefix: &str) -> Vec<Vec<String>> {
+    let lines: Vec<&str> = output
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .collect();
+    let start = lines
+        .iter()
+        .position(|l| *l == title)
+        .unwrap_or_else(|| panic!("no grid {title:?}"));
+    let mut rows = Vec::new();
+    for line in &lines[start + 1..] {
+        if line.trim().is_empty() {
+            break;
+        }
+        if let Some(rest) = line.strip_prefix("Gpu ") {
+            let (rank, cells) = rest.split_once('|').expect("a row has cells");
+            assert_eq!(
+                rank.trim().parse::<usize>().unwrap(),
+                rows.len(),
+                "rows in rank order"
+            );
+            let cells = cells.rsplit_once('|').unwrap().0;
+            rows.push(cells.split('|').map(|c| c.trim().to_string()).collect());
+        }
+    }
+    rows
+}
+
+fn expect_cells<'a>(rows: &[Vec<String>], n: usize, len: usize, cell: impl Fn(usize) -> &'a str) {
+    assert_eq!(rows.len(), n, "one row per rank: {rows:?}");
+    for (rank, row) in rows.iter().enumerate() {
+        assert_eq!(row.len(), len, "rank {rank}: {row:?}");
+        for value in row {
+            assert_eq!(value, cell(rank), "rank {rank}: {row:?}");
+        }
+    }
+}
+
+/// Says something the test runner does not capture (a skip must be seen).
+fn say(message: &str) {
+    let _ = writeln!(std::io::stderr(), "{message}");
+}
+
+fn slurm_missing() -> Option<String> {
+    let found = Command::new("sh")
+        .args(["-c", "command -v slurmctld || test -x /usr/sbin/slurmctld"])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        return Some("Slurm not installed (run scripts/local-slurm.sh install)".into());
+    }
+    // /proc/self belongs to whoever this process runs as.
+    let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap());
+    if uid != 0 {
+        return Some("the local Slurm's daemons need root".into());
+    }
+    None
+}
+
+/// A running local cluster; dropping it stops everything it started, even after a panic.
+struct Cluster {
+    dir: PathBuf,
+    conf: PathBuf,
+}
+
+impl Cluster {
+    fn start(dir: &Path) -> Cluster {
+        let _ = std::fs::remove_dir_all(dir);
+        let ports: Vec<String> = (0..3).map(|_| free_port().to_string()).collect();
+        let cluster = Cluster {
+            dir: dir.to_path_buf(),
+            conf: dir.join("slurm.conf"),
+        };
+        let out = Command::new("bash")
+            .arg(Path::new(REPO).join("scripts/local-slurm.sh"))
+            .arg("start")
+            .arg(dir)
+            .env("LOCAL_SLURM_CTLD_PORT", &ports[0])
+            .env("LOCAL_SLURM_NODE1_PORT", &ports[1])
+            .env("LOCAL_SLURM_NODE2_PORT", &ports[2])
+            .env("LOCAL_SLURM_CPUS", "32")
+            .env("LOCAL_SLURM_GPUS", "4")
+            .env("LOCAL_SLURM_PARTITION", "boost_usr_prod")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "the local Slurm did not start:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cluster
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut command = Command::new(program);
+        command
+            .env("SLURM_CONF", &self.conf)
+            .env(
+                "PATH",
+                format!(
+                    "{}:/usr/sbin:/sbin",
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// What slurmctld says about a job: its state and exit code, e.g. ("COMPLETED", "0:0").
+    fn job_state(&self, id: &str) -> Option<(String, String)> {
+        let out = self
+            .command("scontrol")
+            .args(["-o", "show", "job", id])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let field = |name: &str| {
+            text.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .map(str::to_string)
+        };
+        Some((field("JobState=")?, field("ExitCode=")?))
+    }
+
+    fn logs(&self) -> String {
+        let mut logs = String::new();
+        for name in ["slurmctld.log", "slurmd-node1.log", "slurmd-node2.log"] {
+            let text = std::fs::read_to_string(self.dir.join("log").join(name)).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            logs += &format!("----- {name} (last lines)\n");
+            for line in tail.into_iter().rev() {
+                logs += line;
+                logs.push('\n');
+            }
+        }
+        logs
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(Path::new(REPO).join("scripts/local-slurm.sh"))
+            .arg("stop")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// target/debug (or release): where cargo put this test, the examples and commrun.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// Builds what the scripts run that cargo has not built yet for this test (commrun is another
+/// package's binary; the examples are normally built with the tests).
+fn build_if_missing(bin: &Path, needs: &[&str]) {
+    for need in needs {
+        if bin.join(need).exists() {
+            continue;
+        }
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo.arg("build");
+        if bin.ends_with("release") {
+            cargo.arg("--release");
+        }
+        match need.strip_prefix("examples/") {
+            Some(example)
+                if Path::new(REPO)
+                    .join(format!("examples/{example}.rs"))
+                    .exists() =>
+            {
+                cargo.args(["-p", "nccl-workshop", "--example", example]);
+            }
+            None if *need == "commrun" => {
+                cargo.args(["-p", "commrun", "--bin", "commrun"]);
+            }
+            _ => continue, // not in this workspace yet: the job will be skipped
+        }
+        let status = cargo.current_dir(REPO).status().unwrap();
+        assert!(status.success(), "building {need} failed");
+    }
+}
+
+/// A stand-in for `nsys profile [OPTIONS] PROGRAM ARGS…`.
+const FAKE_NSYS: &str = r#"#!/bin/bash
+# Records the arguments in the report file that --output names, as nsys would name it, then runs
+# the program as nsys does.
+[[ $1 == profile ]] || { echo "fake nsys: only 'profile'" >&2; exit 2; }
+args="$*"
+shift
+out=report
+while [[ $# -gt 0 && $1 == -* ]]; do
+    case $1 in
+    --output=*) out=${1#--output=} ;;
+    -o | --output) out=$2; shift ;;
+    esac
+    shift
+done
+while [[ $out =~ %q\{([A-Za-z_][A-Za-z0-9_]*)\} ]]; do
+    var=${BASH_REMATCH[1]}
+    out=${out/"%q{$var}"/${!var}}
+done
+echo "$args" >"$out.nsys-rep"
+exec "$@"
+"#;
+
+#[test]
+fn slurm_scripts_run_on_a_real_slurm() {
+    let required = std::env::var("NCCL_WORKSHOP_REQUIRE_SLURM").is_ok_and(|v| v == "1");
+    if let Some(why) = slurm_missing() {
+        assert!(!required, "NCCL_WORKSHOP_REQUIRE_SLURM=1 but {why}");
+        say(&format!("skipped: {why}"));
+        return;
+    }
+    let started = Instant::now();
+    let bin = bin_dir();
+    let jobs = jobs();
+    for job in &jobs {
+        build_if_missing(&bin, job.needs);
+    }
+    // Short: munge's socket path must stay under 100 characters.
+    let root = PathBuf::from(format!("/tmp/nccl-slurm-{}", std::process::id()));
+    let cluster = Cluster::start(&root.join("cluster"));
+    let fake_nsys = root.join("fake-nsys");
+    std::fs::write(&fake_nsys, FAKE_NSYS).unwrap();
+    let executable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(&fake_nsys, executable).unwrap();
+
+    let (mut ran, mut skipped) = (Vec::new(), Vec::new());
+    for job in &jobs {
+        if let Some(missing) = job.needs.iter().find(|n| !bin.join(n).exists()) {
+            skipped.push(format!("{} (no {missing} yet)", job.name));
+            continue;
+        }
+        let dir = root.join(job.name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let output_file = dir.join("job.out");
+        let mut sbatch = cluster.command("sbatch");
+        sbatch
+            .current_dir(REPO)
+            .env_remove("RANK")
+            .env_remove("MASTER_ADDR")
+            .env_remove("MASTER_PORT")
+            .env("BACKEND", "cpu")
+            .env("BIN_DIR", &bin)
+            .env("OUT_DIR", &dir)
+            .env("SBATCH_ACCOUNT", "nccl-workshop-tests")
+            .arg("--parsable")
+            .arg(format!("--output={}", output_file.display()))
+            .args(job.options)
+            .arg(job.script)
+            .args(job.args);
+        for (name, value) in job.env {
+            match *value {
+                "@fake-nsys" => sbatch.env(name, &fake_nsys),
+                _ => sbatch.env(name, value),
+            };
+        }
+        let submitted = sbatch.output().unwrap();
+        assert!(
+            submitted.status.success(),
+            "sbatch {} refused it: {}",
+            job.script,
+            String::from_utf8_lossy(&submitted.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&submitted.stdout);
+        let id = stdout.trim().split(';').next().unwrap().to_string();
+
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let (state, exit) = loop {
+            match cluster.job_state(&id) {
+                Some((state, exit))
+                    if !matches!(
+                        state.as_str(),
+                        "PENDING" | "CONFIGURING" | "RUNNING" | "COMPLETING" | "SUSPENDED"
+                    ) =>
+                {
+                    break (state, exit)
+                }
+                _ if Instant::now() > deadline => {
+                    let _ = cluster.command("scancel").arg(&id).status();
+                    panic!(
+                        "job {} ({id}) did not finish within 120 s\n{}",
+                        job.name,
+                        cluster.logs()
+                    );
+                }
+                _ => std::thread::sleep(Duration::from_millis(200)),
+            }
+        };
+        let output = std::fs::read_to_string(&output_file).unwrap_or_default();
+        assert!(
+            state == "COMPLETED" && exit == "0:0",
+            "job {} ({id}, {}): {state}, exit {exit}; its output:\n{output}\n{}",
+            job.name,
+            job.script,
+            cluster.logs()
+        );
+        let checked = Checked { output, dir };
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (job.check)(&checked)));
+        if let Err(e) = result {
+            say(&format!(
+                "job {} ({id}) printed:\n{}",
+                job.name, checked.output
+            ));
+            std::panic::resume_unwind(e);
+        }
+        ran.push(job.name);
+    }
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&root);
+    say(&format!(
+        "slurm: {} jobs ran and were checked in {:.0?} ({}); skipped: {}",
+        ran.len(),
+        started.elapsed(),
+        ran.join(", "),
+        if skipped.is_empty() {
+            "none".to_string()
+        } else {
+            skipped.join(", ")
+        }
+    ));
+}
