@@ -109,6 +109,17 @@ fn check_below(name: &str, value: usize, limit_name: &str, limit: usize) -> Resu
 fn torchrun(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
     const HINT: &str =
         "set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT together (torchrun and commrun do)";
+    // torchrun's agent may serve its own store (c10d's TCPStore) at MASTER_ADDR:MASTER_PORT and
+    // say so; ours speaks another protocol and cannot share that port.
+    if var("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.trim() == "True") {
+        return Err(CommError::Env(
+            "TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves its own store at \
+             MASTER_ADDR:MASTER_PORT, where rank 0 would serve ours. Start with \
+             TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone ... (or \
+             --rdzv-backend c10d), or with commrun"
+                .into(),
+        ));
+    }
     let rank = number(var, "RANK", HINT)?;
     let world_size = number(var, "WORLD_SIZE", HINT)?;
     check_below("RANK", rank, "WORLD_SIZE", world_size)?;
@@ -383,6 +394,24 @@ mod tests {
         ]);
         assert!(e.contains("LOCAL_RANK=3 but LOCAL_WORLD_SIZE=2"), "{e}");
         assert!(err(&[("RANK", "0"), ("WORLD_SIZE", "0")]).contains("WORLD_SIZE=0"));
+    }
+
+    #[test]
+    fn torchruns_agent_store_is_refused_with_the_way_out() {
+        let base = [
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "29500"),
+        ];
+        let mut v = base.to_vec();
+        v.push(("TORCHELASTIC_USE_AGENT_STORE", "True"));
+        let e = err(&v);
+        assert!(e.contains("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"), "{e}");
+        // torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 says False: rank 0 serves ours.
+        v.pop();
+        v.push(("TORCHELASTIC_USE_AGENT_STORE", "False"));
+        assert_eq!(topo(&v).unwrap().unwrap().master_port, 29500);
     }
 
     #[test]
