@@ -214,8 +214,12 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
                 running[local_rank] = false;
                 let status = status.map_err(|e| CommError::io("waiting for a rank", e))?;
                 if !status.success() && matches!(outcome, Outcome::Success) {
-                    // Give the relay a moment to pass on the rank's last words.
-                    std::thread::sleep(Duration::from_millis(50));
+                    // Let the relay pass on the rank's last words: it ends at the pipe's end,
+                    // at once unless a grandchild still holds the pipe (then 50 ms at most).
+                    let relayed = Instant::now() + Duration::from_millis(50);
+                    while !relays[2 * local_rank + 1].is_finished() && Instant::now() < relayed {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                     let last_stderr = stderr_tails[local_rank]
                         .lock()
                         .unwrap()

@@ -380,7 +380,7 @@ fn a_failed_worker_stops_the_others_and_commrun_says_why() {
     let dir = scratch("crash");
     let script = format!(
         "echo $$ > {0}/$RANK.tmp && mv {0}/$RANK.tmp {0}/$RANK; \
-         if [ $RANK = 2 ]; then sleep 0.5; kill -SEGV $$; fi; exec sleep 60",
+         if [ $RANK = 2 ]; then sleep 0.5; date +%s%N > {0}/crashed; kill -SEGV $$; fi; exec sleep 60",
         dir.display()
     );
     let child = commrun(&["--nproc-per-node", "3", "--standalone", "sh", "-c", &script])
@@ -388,6 +388,20 @@ fn a_failed_worker_stops_the_others_and_commrun_says_why() {
         .unwrap();
     let pids = worker_pids(&dir, 0..3);
     let (code, _, stderr) = finish(child, Duration::from_secs(30));
+    let exited = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let crashed: u64 = std::fs::read_to_string(dir.join("crashed"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let crash_to_exit = exited.saturating_sub(Duration::from_nanos(crashed));
+    // Typically a few milliseconds; generous for a loaded CI machine.
+    assert!(
+        crash_to_exit < Duration::from_secs(2),
+        "crash to exit: {crash_to_exit:?}"
+    );
     assert_eq!(code, 128 + libc::SIGSEGV, "{stderr}");
     assert!(
         stderr.contains("rank 2 was killed by signal 11 (SIGSEGV)"),
