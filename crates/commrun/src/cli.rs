@@ -45,7 +45,7 @@ pub struct Cli {
     pub node_rank: Option<usize>,
 
     /// Host name or address of node 0 [default: 127.0.0.1 on one node, the first host of
-    /// the Slurm step under srun].
+    /// SLURM_JOB_NODELIST under srun].
     #[arg(long, alias = "master_addr", value_name = "HOST")]
     pub master_addr: Option<String>,
 
