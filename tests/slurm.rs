@@ -387,12 +387,9 @@ impl Drop for Cluster {
     }
 }
 
+/// A port outside the kernel's ephemeral range, so nothing else grabs it before the job binds it.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    comm_core::spawn::free_port().unwrap()
 }
 
 /// target/debug (or release): where cargo put this test, the examples and commrun.

@@ -214,12 +214,8 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
                 running[local_rank] = false;
                 let status = status.map_err(|e| CommError::io("waiting for a rank", e))?;
                 if !status.success() && matches!(outcome, Outcome::Success) {
-                    // Let the relay pass on the rank's last words: it ends at the pipe's end,
-                    // at once unless a grandchild still holds the pipe (then 50 ms at most).
-                    let relayed = Instant::now() + Duration::from_millis(50);
-                    while !relays[2 * local_rank + 1].is_finished() && Instant::now() < relayed {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
+                    // Give the relay a moment to pass on the rank's last words.
+                    std::thread::sleep(Duration::from_millis(50));
                     let last_stderr = stderr_tails[local_rank]
                         .lock()
                         .unwrap()
@@ -310,7 +306,27 @@ fn write_line(out: &mut impl Write, prefix: Option<&str>, line: &[u8]) -> std::i
 }
 
 /// A port that is free right now on this machine, for a job that picks its own.
+///
+/// Rank 0 binds it a moment later, so it is picked below the kernel's ephemeral range
+/// (`ip_local_port_range`), where no outgoing connection or `bind(0)` can take it meanwhile.
 pub fn free_port() -> Result<u16> {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral_low.max(10_001));
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64)
+        ^ ((std::process::id() as u64) << 32);
+    for attempt in 0..64u64 {
+        let mixed =
+            (seed ^ attempt.wrapping_mul(0x9e3779b97f4a7c15)).wrapping_mul(0xbf58476d1ce4e5b9);
+        let port = low + ((mixed >> 33) % u64::from(high - low)) as u16;
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     std::net::TcpListener::bind(("127.0.0.1", 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -160,11 +160,7 @@ fn without_a_parent_the_others_fail_by_themselves() {
     }
     // Started one by one as torchrun or srun would: nobody stops the survivors but themselves.
     let dir = scratch("no-parent");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = comm_core::spawn::free_port().unwrap();
     let ranks: Vec<Child> = (0..3)
         .map(|rank| {
             job(

@@ -48,12 +48,9 @@ fn succeeds(args: &[&str]) -> String {
     text(&out.stdout)
 }
 
+/// A port outside the kernel's ephemeral range, so nothing else grabs it before the job binds it.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    comm_core::spawn::free_port().unwrap()
 }
 
 fn scratch(name: &str) -> PathBuf {
