@@ -35,6 +35,7 @@
 #   LOCAL_SLURM_CLUSTER     ClusterName               (default localslurm)
 #   LOCAL_SLURM_PARTITION   partition name            (default debug)
 #   LOCAL_SLURM_GPUS        fake "gpu" GRES per node  (default 0: none)
+#   LOCAL_SLURM_HOSTS_FILE  where node names are added (default /etc/hosts)
 
 set -euo pipefail
 
