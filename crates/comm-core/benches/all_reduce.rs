@@ -6,9 +6,8 @@
 //!
 //! Each iteration starts after a barrier; its time is the slowest rank's.
 
-use std::time::Instant;
-
 use comm_core::launch::{run_to_code, LaunchArgs};
+use comm_core::timing::{busbw, time_iterations, Collective};
 use comm_core::{BackendChoice, ReduceOp};
 
 const SIZES: [usize; 3] = [1 << 20, 10 << 20, 100 << 20];
@@ -35,25 +34,15 @@ fn main() {
         }
         for bytes in SIZES {
             let mut buf = comm.buffer(&vec![1.0f32; bytes / 4])?;
-            let mut times = Vec::new();
-            for i in 0..WARMUP + ITERS {
-                comm.barrier()?;
-                let start = Instant::now();
-                comm.all_reduce(&mut buf, ReduceOp::Sum)?;
-                let mut slowest = comm.buffer(&[start.elapsed().as_secs_f64()])?;
-                comm.all_reduce(&mut slowest, ReduceOp::Max)?;
-                if i >= WARMUP {
-                    times.push(comm.to_host(&slowest)?[0]);
-                }
-            }
-            times.sort_by(f64::total_cmp);
-            let median = times[times.len() / 2];
-            let busbw = bytes as f64 / median / 1e9 * 2.0 * (n - 1) as f64 / n as f64;
+            let timing = time_iterations(comm, WARMUP, ITERS, || {
+                comm.all_reduce(&mut buf, ReduceOp::Sum)
+            })?;
+            let busbw = busbw(Collective::AllReduce, n, bytes, timing.median());
             if comm.rank() == 0 {
                 println!(
                     "{bytes:>12} {:>12.2} {:>12.2} {busbw:>12.2}",
-                    median * 1e3,
-                    times[0] * 1e3
+                    timing.median() * 1e3,
+                    timing.min() * 1e3
                 );
             }
         }

@@ -14,6 +14,7 @@ pub mod grid;
 pub mod launch;
 pub mod spawn;
 pub mod store;
+pub mod timing;
 pub mod topology;
 
 pub use backend::{BackendChoice, BackendKind, Device};
