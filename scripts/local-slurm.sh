@@ -339,7 +339,7 @@ cmd_start() {
     # munged refuses group/world-writable socket and key directories.
     # (0755: lets non-root users reach the munge socket and config)
     chmod 0755 "$d"
-    rm -rf "$d/munge" "$d/state" "$d/spool" "$d/run" "$d/log" "$d/dev" "$d/gres.conf"
+    rm -rf "${d:?}/munge" "$d/state" "$d/spool" "$d/run" "$d/log" "${d:?}/dev" "$d/gres.conf"
     mkdir -p "$d/munge" "$d/state" "$d/run" "$d/log"
     for p in "${NODES[@]}"; do mkdir -p "$d/spool/$p"; done
     chmod 0755 "$d/munge"
