@@ -10,10 +10,11 @@ use cudarc::driver::CudaSlice;
 
 use crate::backend::cpu::{CpuBackend, Transport};
 use crate::backend::nccl::NcclBackend;
-use crate::backend::{BackendKind, Device};
+use crate::backend::{BackendChoice, BackendKind, Device};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::store::{Store, StoreServer};
+use crate::topology::Topology;
 
 /// Elements on the communicator's device: host memory for the CPU backend, GPU memory for NCCL.
 #[derive(Debug)]
@@ -88,6 +89,12 @@ pub struct Communicator {
     store: Option<Arc<Store>>,
     server: Option<StoreServer>,
     grids: AtomicU64,
+    /// Where this rank sits, when built through a launch: lets [`Communicator::with_backend`]
+    /// build siblings over the same store.
+    topology: Option<Topology>,
+    /// Names this communicator's keys in the store; siblings extend it.
+    prefix: String,
+    siblings: AtomicU64,
 }
 
 impl Communicator {
@@ -107,13 +114,16 @@ impl Communicator {
             store,
             server,
             grids: AtomicU64::new(0),
+            topology: None,
+            prefix: "comm0".into(),
+            siblings: AtomicU64::new(0),
         }
     }
 
     /// An NCCL communicator on GPU `ordinal`. The store (and rank 0's server) stay alive with it.
     pub fn nccl(
         backend: NcclBackend,
-        topology: &crate::Topology,
+        topology: &Topology,
         ordinal: usize,
         store: Arc<Store>,
         server: Option<StoreServer>,
@@ -127,7 +137,31 @@ impl Communicator {
             store: Some(store),
             server,
             grids: AtomicU64::new(0),
+            topology: None,
+            prefix: "comm0".into(),
+            siblings: AtomicU64::new(0),
         }
+    }
+
+    pub(crate) fn with_origin(mut self, topology: Topology, prefix: &str) -> Communicator {
+        self.topology = Some(topology);
+        self.prefix = prefix.to_string();
+        self
+    }
+
+    /// Another communicator over the same ranks with another backend, met through the same
+    /// store: how one job compares the CPU path with NCCL. Every rank must call it.
+    pub fn with_backend(&self, choice: BackendChoice) -> Result<Communicator> {
+        let (Some(topology), Some(store)) = (&self.topology, &self.store) else {
+            return Err(CommError::Usage(
+                "with_backend needs a communicator built by a launch (comm_core::run)".into(),
+            ));
+        };
+        let selection = crate::backend::select(choice)?;
+        // Every rank builds its siblings in the same order, so the count names the same one.
+        let n = self.siblings.fetch_add(1, Ordering::SeqCst) + 1;
+        let prefix = format!("{}.{n}", self.prefix);
+        crate::launch::build(topology, &selection, store.clone(), None, &prefix)
     }
 
     pub fn rank(&self) -> usize {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::backend::cpu::TcpTransport;
 use crate::backend::nccl::NcclBackend;
-use crate::backend::{self, BackendChoice, BackendKind};
+use crate::backend::{self, BackendChoice, BackendKind, Selection};
 use crate::comm::Communicator;
 use crate::error::{CommError, Result};
 use crate::spawn::{self, Outcome, SpawnPlan};
@@ -58,7 +58,17 @@ pub fn run(args: &LaunchArgs, body: impl FnOnce(&Communicator) -> Result<()>) ->
 
 /// [`run`], returning the exit code as a number.
 pub fn run_to_code(args: &LaunchArgs, body: impl FnOnce(&Communicator) -> Result<()>) -> i32 {
-    let topology = match Topology::from_env() {
+    run_as(args, None, body)
+}
+
+/// [`run_to_code`] for a rank whose place is given (flags such as the course's `--rank` and
+/// `--world-size`) instead of read from the environment.
+pub fn run_as(
+    args: &LaunchArgs,
+    given: Option<Topology>,
+    body: impl FnOnce(&Communicator) -> Result<()>,
+) -> i32 {
+    let topology = match given.map_or_else(Topology::from_env, |t| Ok(Some(t))) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("error: {e}");
@@ -160,11 +170,25 @@ pub fn connect(topology: &Topology, args: &LaunchArgs) -> Result<Communicator> {
         world_size,
         timeout,
     )?);
+    build(topology, &selection, store, server, "comm0")
+}
+
+/// Builds a communicator of the selected backend among the ranks of `store`, its keys under
+/// `prefix` (one prefix per communicator, so several can share one store).
+pub(crate) fn build(
+    topology: &Topology,
+    selection: &Selection,
+    store: Arc<Store>,
+    server: Option<StoreServer>,
+    prefix: &str,
+) -> Result<Communicator> {
+    let (rank, world_size) = (topology.rank, topology.world_size);
     // Every rank must run the same backend; rank 0's choice rules.
+    let key = format!("{prefix}/backend");
     if rank == 0 {
-        store.set("backend", selection.kind.to_string().as_bytes())?;
+        store.set(&key, selection.kind.to_string().as_bytes())?;
     } else {
-        let chosen = String::from_utf8_lossy(&store.get("backend")?).into_owned();
+        let chosen = String::from_utf8_lossy(&store.get(&key)?).into_owned();
         if chosen != selection.kind.to_string() {
             return Err(CommError::Backend(format!(
                 "rank 0 runs the {chosen} backend but this rank would run {selection}; \
@@ -172,15 +196,16 @@ pub fn connect(topology: &Topology, args: &LaunchArgs) -> Result<Communicator> {
             )));
         }
     }
-    match selection.kind {
+    let comm = match selection.kind {
         BackendKind::Cpu => {
-            let transport = TcpTransport::connect(&store, "cpu", rank, world_size)?;
-            Ok(Communicator::cpu(
+            let transport =
+                TcpTransport::connect(&store, &format!("{prefix}/cpu"), rank, world_size)?;
+            Communicator::cpu(
                 Box::new(transport),
                 topology.local_rank,
                 Some(store),
                 server,
-            ))
+            )
         }
         BackendKind::Nccl => {
             let ordinal = backend::nccl::device_for(
@@ -188,8 +213,10 @@ pub fn connect(topology: &Topology, args: &LaunchArgs) -> Result<Communicator> {
                 topology.local_world_size,
                 selection.gpus,
             )?;
-            let nccl = NcclBackend::connect(&store, rank, world_size, ordinal)?;
-            Ok(Communicator::nccl(nccl, topology, ordinal, store, server))
+            let nccl =
+                NcclBackend::connect(&store, &format!("{prefix}/nccl"), rank, world_size, ordinal)?;
+            Communicator::nccl(nccl, topology, ordinal, store, server)
         }
-    }
+    };
+    Ok(comm.with_origin(topology.clone(), prefix))
 }

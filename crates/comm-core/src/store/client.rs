@@ -42,6 +42,14 @@ impl Store {
                     })
                 })
                 .and_then(|addr| TcpStream::connect_timeout(&addr, Duration::from_secs(5)));
+            // A socket the kernel connected to itself (no listener yet) is not the store.
+            let attempt = attempt.and_then(|s| match (s.local_addr(), s.peer_addr()) {
+                (Ok(a), Ok(b)) if a == b => Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "no store listening yet",
+                )),
+                _ => Ok(s),
+            });
             match attempt {
                 Ok(stream) => break stream,
                 Err(e) if Instant::now() + pause >= deadline => {

@@ -155,10 +155,20 @@ fn connect_retrying(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpS
     let deadline = Instant::now() + timeout;
     loop {
         match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+            // With no listener left on a local ephemeral port, the kernel can connect a socket
+            // to itself; that is not the peer.
+            Ok(s) if s.local_addr().ok() == Some(addr) => {}
             Ok(s) => return Ok(s),
             Err(e) if Instant::now() >= deadline => return Err(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            Err(_) => {}
         }
+        if Instant::now() >= deadline {
+            return Err(std::io::Error::new(
+                ErrorKind::TimedOut,
+                "no listener answered",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

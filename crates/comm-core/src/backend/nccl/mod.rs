@@ -217,20 +217,26 @@ pub struct NcclBackend {
 
 impl NcclBackend {
     /// Binds this rank to its GPU and builds the communicator through the store.
-    pub fn connect(store: &Store, rank: usize, world_size: usize, ordinal: usize) -> Result<Self> {
+    pub fn connect(
+        store: &Store,
+        prefix: &str,
+        rank: usize,
+        world_size: usize,
+        ordinal: usize,
+    ) -> Result<Self> {
         let ctx = quietly(|| CudaContext::new(ordinal))
             .map_err(|p| CommError::Backend(format!("CUDA did not load: {p}")))?
             .map_err(cuda(&format!("opening cuda:{ordinal}")))?;
         let stream = ctx.new_stream().map_err(cuda("creating a stream"))?;
         let id = if rank == 0 {
             let id = result::get_uniqueid().map_err(nccl("ncclGetUniqueId"))?;
-            store.set("nccl/id", &id_to_bytes(&id))?;
+            store.set(&format!("{prefix}/id"), &id_to_bytes(&id))?;
             id
         } else {
-            id_from_bytes(&store.get("nccl/id")?)?
+            id_from_bytes(&store.get(&format!("{prefix}/id"))?)?
         };
         // Everyone has the Id and is alive before NCCL's own (timeout-less) init starts.
-        store.barrier("nccl/init")?;
+        store.barrier(&format!("{prefix}/init"))?;
         ctx.bind_to_thread().map_err(cuda("binding the context"))?;
         let mut comm = std::mem::MaybeUninit::uninit();
         // SAFETY: comm is written by NCCL on success; the Id came from ncclGetUniqueId.
