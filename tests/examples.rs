@@ -4,19 +4,25 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-/// The example binary cargo built next to this test, building it if needed.
+/// The example binary, built (or brought up to date) once per test run: `cargo test --test
+/// examples` alone does not rebuild examples, and a stale one would test old code.
 fn example(name: &str) -> PathBuf {
-    let test_exe = std::env::current_exe().unwrap();
-    let profile_dir = test_exe.parent().unwrap().parent().unwrap();
-    let path = profile_dir.join("examples").join(name);
-    if !path.exists() {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
         let status = Command::new(env!("CARGO"))
-            .args(["build", "--example", name])
+            .args(["build", "--examples", "-p", "nccl-workshop"])
             .status()
             .unwrap();
-        assert!(status.success(), "cargo build --example {name} failed");
-    }
-    path
+        assert!(status.success(), "cargo build --examples failed");
+    });
+    let test_exe = std::env::current_exe().unwrap();
+    test_exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name)
 }
 
 fn run(name: &str, args: &[&str]) -> Output {
@@ -81,10 +87,7 @@ fn hello_world_greets_from_every_rank() {
             &["-n", &n.to_string(), "--backend", "cpu"],
         );
         let stdout = String::from_utf8(out.stdout).unwrap();
-        assert_eq!(
-            stdout.lines().next(),
-            Some("backend: cpu (asked for with --backend cpu)")
-        );
+        assert_eq!(stdout.lines().next(), Some("backend: cpu (requested)"));
         for rank in 0..n {
             let hello = format!(
                 "Hello from rank {rank} of {n} (local rank {rank}) on cpu:{rank} with the cpu backend"
@@ -162,7 +165,7 @@ fn fails(name: &str, args: &[&str], envs: &[(&str, &str)]) -> String {
 #[test]
 fn bad_input_gets_a_clear_message() {
     let e = fails("01-broadcast", &["--backend", "nccl"], &[]);
-    assert!(e.contains("--backend nccl"), "{e}");
+    assert!(e.contains("NCCL cannot run here"), "{e}");
     let e = fails("01-broadcast", &["-n", "0"], &[]);
     assert!(e.contains("--nproc-per-node 0"), "{e}");
     let e = fails("01-broadcast", &["--timeout", "0"], &[]);
@@ -196,4 +199,167 @@ fn a_port_in_use_is_reported_by_rank_zero() {
         e.contains("pick another with --master-port or MASTER_PORT"),
         "{e}"
     );
+}
+
+/// The line example 03 prints for one backend: (backend, MB, median ms, busbw).
+fn timing_line(stdout: &str, backend: &str) -> (usize, f64, f64) {
+    let prefix = format!("Rank 0 ({backend}): all-reduce ");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} line in:\n{stdout}"));
+    // Rank 0 (cpu): all-reduce 2 MB took 3.21 ms (median of 3, busbw 1.23 GB/s)
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let mb = words[4].parse().unwrap();
+    assert_eq!(
+        (words[5], words[6], words[8]),
+        ("MB", "took", "ms"),
+        "{line}"
+    );
+    let ms: f64 = words[7].parse().unwrap();
+    let busbw: f64 = words[13].parse().unwrap();
+    assert!(ms > 0.0 && busbw > 0.0, "{line}");
+    assert!(line.ends_with("GB/s)"), "{line}");
+    (mb, ms, busbw)
+}
+
+fn check_gloo_vs_nccl(stdout: &str, mb: usize) {
+    assert_eq!(timing_line(stdout, "cpu").0, mb);
+    // No GPU here: the NCCL line says why it was skipped.
+    assert!(
+        stdout.contains("Rank 0 (nccl): skipped: NCCL cannot run here: no CUDA driver found"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn gloo_vs_nccl_times_the_cpu_path_and_says_why_nccl_was_skipped() {
+    for n in ["2", "4"] {
+        let out = run(
+            "03-multinode-gloo-vs-nccl",
+            &["-n", n, "--size-mb", "2", "--iters", "3", "--warmup", "1"],
+        );
+        check_gloo_vs_nccl(&String::from_utf8(out.stdout).unwrap(), 2);
+    }
+}
+
+/// A binary of another package in this workspace, brought up to date first.
+fn workspace_binary(package: &str, name: &str) -> PathBuf {
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "-p", package])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let test_exe = std::env::current_exe().unwrap();
+    test_exe.parent().unwrap().parent().unwrap().join(name)
+}
+
+#[test]
+fn gloo_vs_nccl_across_two_launchers_as_two_nodes() {
+    let commrun = workspace_binary("commrun", "commrun");
+    let example = example("03-multinode-gloo-vs-nccl");
+    let port = comm_core::spawn::free_port().unwrap().to_string();
+    let nodes: Vec<_> = (0..2)
+        .map(|node| {
+            Command::new(&commrun)
+                .args([
+                    "--nnodes",
+                    "2",
+                    "--node-rank",
+                    &node.to_string(),
+                    "--nproc-per-node",
+                    "2",
+                ])
+                .args([
+                    "--master-addr",
+                    "127.0.0.1",
+                    "--master-port",
+                    &port,
+                    "--no-prefix",
+                ])
+                .arg(&example)
+                .args([
+                    "--size-mb",
+                    "2",
+                    "--iters",
+                    "3",
+                    "--warmup",
+                    "1",
+                    "--timeout",
+                    "60",
+                ])
+                .env_remove("RANK")
+                .env_remove("SLURM_PROCID")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<Output> = nodes
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    for (node, out) in outputs.iter().enumerate() {
+        assert!(
+            out.status.success(),
+            "node {node}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Rank 0 lives on node 0, and its lines say 4 ranks took part (busbw factor 2·3/4).
+    let stdout = String::from_utf8(outputs[0].stdout.clone()).unwrap();
+    check_gloo_vs_nccl(&stdout, 2);
+    let (_, ms, busbw) = timing_line(&stdout, "cpu");
+    let expected = 2e6 / (ms / 1e3) / 1e9 * 1.5;
+    assert!(
+        (busbw - expected).abs() <= 0.01 + expected * 0.02,
+        "busbw {busbw} vs {expected} for 4 ranks"
+    );
+}
+
+#[test]
+fn gloo_vs_nccl_started_by_hand_with_the_courses_flags() {
+    let port = comm_core::spawn::free_port().unwrap().to_string();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            Command::new(example("03-multinode-gloo-vs-nccl"))
+                .args(["--world-size", "2", "--rank", &rank.to_string()])
+                .args(["--master-addr", "127.0.0.1", "--master-port", &port])
+                .args([
+                    "--size-mb",
+                    "1",
+                    "--iters",
+                    "2",
+                    "--warmup",
+                    "1",
+                    "--timeout",
+                    "60",
+                ])
+                .env_remove("RANK")
+                .env_remove("SLURM_PROCID")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<Output> = ranks
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    for out in &outputs {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    check_gloo_vs_nccl(&String::from_utf8(outputs[0].stdout.clone()).unwrap(), 1);
+    let e = fails(
+        "03-multinode-gloo-vs-nccl",
+        &["--world-size", "2", "--rank", "2"],
+        &[],
+    );
+    assert!(e.contains("--rank=2 but --world-size=2"), "{e}");
 }

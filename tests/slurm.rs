@@ -220,7 +220,7 @@ fn hellos(output: &str, nodes: usize, per_node: usize, prefix: &str) {
             "{hello:?} once"
         );
     }
-    assert!(output.contains("backend: cpu (asked for with --backend cpu)"));
+    assert!(output.contains("backend: cpu (requested)"));
 }
 
 fn allreduced(output: &str, n: usize, len: usize, prefix: &str) {

@@ -233,6 +233,7 @@ impl Communicator {
 
     /// Blocks until every rank has called it.
     pub fn barrier(&self) -> Result<()> {
+        let _range = crate::profile::range(|| "barrier".into());
         match &self.engine {
             Engine::Cpu(cpu) => cpu.barrier(),
             Engine::Nccl(nccl) => nccl.barrier(),
@@ -241,6 +242,7 @@ impl Communicator {
 
     /// Copies the root's buffer to every rank.
     pub fn broadcast<T: Element>(&self, buf: &mut Buffer<T>, root: usize) -> Result<()> {
+        let _range = crate::profile::range(|| format!("broadcast {} x {}", T::DTYPE, buf.len()));
         self.check_root(root, "broadcast")?;
         match &self.engine {
             Engine::Cpu(cpu) => cpu.broadcast(host_mut(buf)?, root),
@@ -255,6 +257,8 @@ impl Communicator {
         recv: &mut Buffer<T>,
         root: usize,
     ) -> Result<()> {
+        let _range =
+            crate::profile::range(|| format!("broadcast_into {} x {}", T::DTYPE, recv.len()));
         self.check_root(root, "broadcast")?;
         same_len("broadcast", send, recv)?;
         match &self.engine {
@@ -265,6 +269,7 @@ impl Communicator {
 
     /// Every rank ends with the element-wise reduction of all ranks' buffers.
     pub fn all_reduce<T: Element>(&self, buf: &mut Buffer<T>, op: ReduceOp) -> Result<()> {
+        let _range = crate::profile::range(|| format!("all_reduce {} x {}", T::DTYPE, buf.len()));
         match &self.engine {
             Engine::Cpu(cpu) => cpu.all_reduce(host_mut(buf)?, op),
             Engine::Nccl(nccl) => nccl.all_reduce(None, device_mut(buf)?, op),
@@ -277,6 +282,8 @@ impl Communicator {
         recv: &mut Buffer<T>,
         op: ReduceOp,
     ) -> Result<()> {
+        let _range =
+            crate::profile::range(|| format!("all_reduce_into {} x {}", T::DTYPE, recv.len()));
         same_len("all_reduce", send, recv)?;
         match &self.engine {
             Engine::Cpu(cpu) => cpu.all_reduce_into(host(send)?, host_mut(recv)?, op),
@@ -286,6 +293,7 @@ impl Communicator {
 
     /// The root ends with the reduction; other ranks' buffers are unchanged.
     pub fn reduce<T: Element>(&self, buf: &mut Buffer<T>, op: ReduceOp, root: usize) -> Result<()> {
+        let _range = crate::profile::range(|| format!("reduce {} x {}", T::DTYPE, buf.len()));
         self.check_root(root, "reduce")?;
         match &self.engine {
             Engine::Cpu(cpu) => cpu.reduce(host_mut(buf)?, op, root),
@@ -301,6 +309,7 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
+        let _range = crate::profile::range(|| format!("reduce_into {} x {}", T::DTYPE, recv.len()));
         self.check_root(root, "reduce")?;
         same_len("reduce", send, recv)?;
         match &self.engine {
@@ -312,6 +321,7 @@ impl Communicator {
     /// In place: `buf` holds world_size equal blocks, this rank's data in block `rank`;
     /// afterwards every block holds its rank's data.
     pub fn all_gather<T: Element>(&self, buf: &mut Buffer<T>) -> Result<()> {
+        let _range = crate::profile::range(|| format!("all_gather {} x {}", T::DTYPE, buf.len()));
         self.check_blocks("all_gather", buf.len())?;
         let count = buf.len() / self.world_size;
         match &self.engine {
@@ -326,6 +336,8 @@ impl Communicator {
         send: &Buffer<T>,
         recv: &mut Buffer<T>,
     ) -> Result<()> {
+        let _range =
+            crate::profile::range(|| format!("all_gather_into {} x {}", T::DTYPE, recv.len()));
         self.check_scaled("all_gather", "recv", recv.len(), "send", send.len())?;
         match &self.engine {
             Engine::Cpu(cpu) => cpu.all_gather_into(host(send)?, host_mut(recv)?),
@@ -338,6 +350,8 @@ impl Communicator {
     /// In place: `buf` holds world_size equal blocks; afterwards block `rank` holds the
     /// reduction of block `rank` over all ranks (other blocks hold partial sums).
     pub fn reduce_scatter<T: Element>(&self, buf: &mut Buffer<T>, op: ReduceOp) -> Result<()> {
+        let _range =
+            crate::profile::range(|| format!("reduce_scatter {} x {}", T::DTYPE, buf.len()));
         self.check_blocks("reduce_scatter", buf.len())?;
         let count = buf.len() / self.world_size;
         match &self.engine {
@@ -353,6 +367,8 @@ impl Communicator {
         recv: &mut Buffer<T>,
         op: ReduceOp,
     ) -> Result<()> {
+        let _range =
+            crate::profile::range(|| format!("reduce_scatter_into {} x {}", T::DTYPE, send.len()));
         self.check_scaled("reduce_scatter", "send", send.len(), "recv", recv.len())?;
         match &self.engine {
             Engine::Cpu(cpu) => cpu.reduce_scatter_into(host(send)?, host_mut(recv)?, op),
@@ -365,6 +381,7 @@ impl Communicator {
 
     /// Sends `buf` to `peer`, which must call `recv` with a buffer of the same length.
     pub fn send<T: Element>(&self, buf: &Buffer<T>, peer: usize) -> Result<()> {
+        let _range = crate::profile::range(|| format!("send {} x {}", T::DTYPE, buf.len()));
         self.check_peer(peer, "send")?;
         match &self.engine {
             Engine::Cpu(cpu) => cpu.send(host(buf)?, peer),
@@ -373,6 +390,7 @@ impl Communicator {
     }
 
     pub fn recv<T: Element>(&self, buf: &mut Buffer<T>, peer: usize) -> Result<()> {
+        let _range = crate::profile::range(|| format!("recv {} x {}", T::DTYPE, buf.len()));
         self.check_peer(peer, "recv")?;
         match &self.engine {
             Engine::Cpu(cpu) => cpu.recv(host_mut(buf)?, peer),

@@ -159,6 +159,7 @@ pub fn connect(topology: &Topology, args: &LaunchArgs) -> Result<Communicator> {
     if rank == 0 {
         println!("{selection}");
     }
+    let rendezvous = crate::profile::range(|| "rendezvous".into());
     let server = match rank {
         0 => Some(StoreServer::bind(topology.master_port, world_size)?),
         _ => None,
@@ -170,6 +171,7 @@ pub fn connect(topology: &Topology, args: &LaunchArgs) -> Result<Communicator> {
         world_size,
         timeout,
     )?);
+    drop(rendezvous);
     build(topology, &selection, store, server, "comm0")
 }
 
@@ -183,6 +185,7 @@ pub(crate) fn build(
     prefix: &str,
 ) -> Result<Communicator> {
     let (rank, world_size) = (topology.rank, topology.world_size);
+    let _range = crate::profile::range(|| format!("communicator init ({})", selection.kind));
     // Every rank must run the same backend; rank 0's choice rules.
     let key = format!("{prefix}/backend");
     if rank == 0 {

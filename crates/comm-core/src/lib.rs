@@ -12,6 +12,7 @@ pub mod dtype;
 pub mod error;
 pub mod grid;
 pub mod launch;
+pub mod profile;
 pub mod spawn;
 pub mod store;
 pub mod timing;

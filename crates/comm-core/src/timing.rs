@@ -133,10 +133,13 @@ pub fn time_iterations(
     iters: usize,
     mut op: impl FnMut() -> Result<()>,
 ) -> Result<Timing> {
+    let warming = crate::profile::range(|| format!("warm-up x{warmup}"));
     for _ in 0..warmup {
         comm.barrier()?;
         op()?;
     }
+    drop(warming);
+    let _timed = crate::profile::range(|| format!("timed loop x{iters}"));
     let mut mine = Vec::with_capacity(iters);
     for _ in 0..iters {
         comm.barrier()?;

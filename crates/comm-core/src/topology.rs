@@ -50,6 +50,33 @@ impl Topology {
         Ok(None)
     }
 
+    /// A rank placed by hand, one per host, as the course starts two nodes:
+    /// `--world-size 2 --rank 1 --master-addr 10.0.0.1 --master-port 29502`.
+    pub fn by_hand(
+        rank: usize,
+        world_size: usize,
+        master_addr: &str,
+        master_port: u16,
+    ) -> Result<Topology> {
+        check_below("--rank", rank, "--world-size", world_size)
+            .map_err(|e| CommError::Usage(e.to_string().replace("environment: ", "")))?;
+        if master_port == 0 {
+            return Err(CommError::Usage(
+                "--master-port 0: give the port rank 0 listens on".into(),
+            ));
+        }
+        Ok(Topology {
+            rank,
+            world_size,
+            local_rank: 0,
+            local_world_size: 1,
+            node_rank: rank,
+            master_addr: master_addr.to_string(),
+            master_port,
+            launcher: Launcher::Torchrun,
+        })
+    }
+
     /// The environment a launcher gives one local worker: the variables torchrun sets.
     pub fn worker_env(&self) -> Vec<(&'static str, String)> {
         vec![

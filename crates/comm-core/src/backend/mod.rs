@@ -59,7 +59,7 @@ pub fn select(choice: BackendChoice) -> crate::Result<Selection> {
         gpus: 0,
     };
     if choice == BackendChoice::Cpu {
-        return Ok(cpu("asked for with --backend cpu".into()));
+        return Ok(cpu("requested".into()));
     }
     match nccl::probe(&nccl::ThisMachine(var)) {
         nccl::Probe::Ready { gpus, version } => Ok(Selection {
@@ -67,7 +67,11 @@ pub fn select(choice: BackendChoice) -> crate::Result<Selection> {
             reason: format!(
                 "{gpus} GPU{}, NCCL {version}{}",
                 if gpus == 1 { "" } else { "s" },
-                if nccl::library::relinked(&var) { ", libnccl.so.2 linked as libnccl.so" } else { "" }
+                if nccl::library::relinked(&var) {
+                    ", libnccl.so.2 linked as libnccl.so"
+                } else {
+                    ""
+                }
             ),
             gpus,
         }),
@@ -77,7 +81,7 @@ pub fn select(choice: BackendChoice) -> crate::Result<Selection> {
         }
         nccl::Probe::Unavailable(reason) if choice == BackendChoice::Auto => Ok(cpu(reason)),
         nccl::Probe::Unavailable(reason) => Err(crate::CommError::Backend(format!(
-            "--backend nccl cannot run here: {reason}. Use --backend cpu (or auto) to run on the CPU"
+            "NCCL cannot run here: {reason} (--backend cpu or auto runs on the CPU)"
         ))),
     }
 }
