@@ -134,11 +134,15 @@ fn jobs() -> Vec<Job> {
             needs: &["examples/03-multinode-gloo-vs-nccl"],
             options: &[],
             env: &[],
-            args: &[],
+            args: &["--size-mb", "2", "--iters", "3", "--warmup", "1"],
             check: |c| {
                 assert!(c
                     .output
-                    .contains("on 2 node(s) (node[1-2]), 1 ranks per node"))
+                    .contains("on 2 node(s) (node[1-2]), 1 ranks per node"));
+                assert!(c.output.contains("Rank 0 (cpu): all-reduce 2 MB took "));
+                assert!(c
+                    .output
+                    .contains("Rank 0 (nccl): skipped: NCCL cannot run here"));
             },
         },
         Job {
@@ -147,11 +151,15 @@ fn jobs() -> Vec<Job> {
             needs: &["examples/03-multinode-gloo-vs-nccl"],
             options: &[],
             env: &[],
-            args: &[],
+            args: &["--size-mb", "2", "--iters", "3", "--warmup", "1"],
             check: |c| {
                 assert!(c
                     .output
-                    .contains("on 2 node(s) (node[1-2]), 4 ranks per node"))
+                    .contains("on 2 node(s) (node[1-2]), 4 ranks per node"));
+                assert!(c.output.contains("Rank 0 (cpu): all-reduce 2 MB took "));
+                assert!(c
+                    .output
+                    .contains("Rank 0 (nccl): skipped: NCCL cannot run here"));
             },
         },
         Job {
@@ -190,6 +198,24 @@ fn jobs() -> Vec<Job> {
                     let args = std::fs::read_to_string(&report).unwrap();
                     assert!(args.starts_with("profile --trace=cuda,nvtx,osrt"), "{args}");
                 }
+            },
+        },
+        // ncu is not here either: a stand-in writes the report --export names and runs the program.
+        Job {
+            name: "06-ncu-kernel",
+            script: "slurm/06-ncu-kernel.sbatch",
+            needs: &["examples/03-multinode-gloo-vs-nccl"],
+            options: &[],
+            env: &[("NCU", "@fake-ncu")],
+            args: &["--size-mb", "1", "--iters", "2", "--warmup", "1"],
+            check: |c| {
+                assert!(c.output.contains("Rank 0 (cpu): all-reduce 1 MB took "));
+                let report = std::fs::read_to_string(c.dir.join("rank0.ncu-rep")).unwrap();
+                assert!(report.contains("--kernel-name regex:ncclDevKernel_AllReduce --launch-skip 3 --launch-count 1"), "{report}");
+                assert!(
+                    !c.dir.join("rank1.ncu-rep").exists(),
+                    "only rank 0 runs under ncu"
+                );
             },
         },
     ]
@@ -451,6 +477,23 @@ echo "$args" >"$out.nsys-rep"
 exec "$@"
 "#;
 
+/// A stand-in for `ncu [OPTIONS] PROGRAM ARGS…`: records its arguments in the report that
+/// --export names, then runs the program.
+const FAKE_NCU: &str = r#"#!/bin/bash
+args="$*"
+out=report
+while [[ $# -gt 0 && $1 == -* ]]; do
+    case $1 in
+    --export) out=$2; shift ;;
+    --force-overwrite | --target-processes) [[ $1 == --target-processes ]] && shift ;;
+    *) shift ;;
+    esac
+    shift
+done
+echo "$args" >"$out.ncu-rep"
+exec "$@"
+"#;
+
 #[test]
 fn slurm_scripts_run_on_a_real_slurm() {
     let required = std::env::var("NCCL_WORKSHOP_REQUIRE_SLURM").is_ok_and(|v| v == "1");
@@ -470,8 +513,12 @@ fn slurm_scripts_run_on_a_real_slurm() {
     let cluster = Cluster::start(&root.join("cluster"));
     let fake_nsys = root.join("fake-nsys");
     std::fs::write(&fake_nsys, FAKE_NSYS).unwrap();
-    let executable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
-    std::fs::set_permissions(&fake_nsys, executable).unwrap();
+    let fake_ncu = root.join("fake-ncu");
+    std::fs::write(&fake_ncu, FAKE_NCU).unwrap();
+    for fake in [&fake_nsys, &fake_ncu] {
+        let executable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+        std::fs::set_permissions(fake, executable).unwrap();
+    }
 
     let (mut ran, mut skipped) = (Vec::new(), Vec::new());
     for job in &jobs {
@@ -500,6 +547,7 @@ fn slurm_scripts_run_on_a_real_slurm() {
         for (name, value) in job.env {
             match *value {
                 "@fake-nsys" => sbatch.env(name, &fake_nsys),
+                "@fake-ncu" => sbatch.env(name, &fake_ncu),
                 _ => sbatch.env(name, value),
             };
         }
