@@ -23,6 +23,7 @@ struct Args {
     launch: LaunchArgs,
 }
 
+// ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     comm_core::run(&args.launch, |comm| {
@@ -38,3 +39,4 @@ fn main() -> std::process::ExitCode {
         Ok(())
     })
 }
+// ANCHOR_END: main

@@ -20,6 +20,7 @@ struct Args {
     len: usize,
 }
 
+// ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     comm_core::run(&args.launch, |comm| {
@@ -36,3 +37,4 @@ fn main() -> std::process::ExitCode {
         Ok(())
     })
 }
+// ANCHOR_END: main

@@ -21,6 +21,7 @@ struct Args {
     len: usize,
 }
 
+// ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     comm_core::run(&args.launch, |comm| {
@@ -35,3 +36,4 @@ fn main() -> std::process::ExitCode {
         Ok(())
     })
 }
+// ANCHOR_END: main

@@ -42,6 +42,7 @@ struct Args {
     master_port: u16,
 }
 
+// ANCHOR: measure
 /// Times the all-reduce on `comm`; rank 0 prints the course's line. Returns the median seconds.
 fn measure(comm: &Communicator, args: &Args) -> comm_core::Result<f64> {
     let bytes = args.size_mb * 1_000_000;
@@ -62,6 +63,7 @@ fn measure(comm: &Communicator, args: &Args) -> comm_core::Result<f64> {
     }
     Ok(median)
 }
+// ANCHOR_END: measure
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();

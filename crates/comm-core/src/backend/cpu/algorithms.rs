@@ -155,6 +155,7 @@ fn direct_all_reduce<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp)
     Ok(())
 }
 
+// ANCHOR: ring
 /// Ring reduce-scatter over `blocks`: afterwards block `rank` holds the reduction of every rank's
 /// block (without Avg's division). Step s sends the block reduced at step s-1 to the next rank
 /// while receiving and reducing another from the previous one, segment by segment.
@@ -219,6 +220,7 @@ pub fn ring_all_gather<T: Element>(
     }
     Ok(())
 }
+// ANCHOR_END: ring
 
 /// `buf` holds n equal blocks; afterwards block `rank` holds their reduction over all ranks.
 pub fn reduce_scatter<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp) -> Result<()> {

@@ -228,6 +228,7 @@ impl NcclBackend {
             .map_err(|p| CommError::Backend(format!("CUDA did not load: {p}")))?
             .map_err(cuda(&format!("opening cuda:{ordinal}")))?;
         let stream = ctx.new_stream().map_err(cuda("creating a stream"))?;
+        // ANCHOR: unique_id
         let id = if rank == 0 {
             let id = result::get_uniqueid().map_err(nccl("ncclGetUniqueId"))?;
             store.set(&format!("{prefix}/id"), &id_to_bytes(&id))?;
@@ -245,6 +246,7 @@ impl NcclBackend {
                 .map_err(nccl("ncclCommInitRank"))?;
             comm.assume_init()
         };
+        // ANCHOR_END: unique_id
         Ok(NcclBackend {
             stream,
             comm,

@@ -1,0 +1,328 @@
+//! The book (`docs/`) never drifts from the code: every chapter listed in `docs/src/SUMMARY.md`
+//! is read, its links checked, and every output block marked `<!-- output: COMMAND -->` is
+//! produced again by running COMMAND and compared. The convention is in `docs/README.md`.
+//!
+//! `cargo test --test book -- --nocapture` also prints the figure: code blocks (and how many are
+//! included from the real files), output blocks (and how many are checked).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const CHECKED: &str = "<!-- output: ";
+const ILLUSTRATIVE: &str = "<!-- output-illustrative: ";
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src")
+}
+
+/// The chapters of SUMMARY.md, in order (file names relative to docs/src).
+fn chapters() -> Vec<String> {
+    let summary = std::fs::read_to_string(src().join("SUMMARY.md")).unwrap();
+    summary
+        .lines()
+        .filter_map(|l| l.split_once("](").map(|(_, rest)| rest))
+        .filter_map(|rest| rest.split_once(')').map(|(target, _)| target.to_string()))
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+#[derive(Debug, PartialEq)]
+enum Mark {
+    /// `<!-- output: COMMAND -->`: the block is COMMAND's output, checked here.
+    Checked(String),
+    /// `<!-- output-illustrative: WHY -->`: output that cannot be produced here (GPUs, Slurm).
+    Illustrative,
+    None,
+}
+
+struct Block {
+    chapter: String,
+    line: usize,
+    lang: String,
+    mark: Mark,
+    body: String,
+}
+
+impl Block {
+    /// Output blocks are fenced without a language or as `text`; the rest is code or commands.
+    fn is_output(&self) -> bool {
+        self.lang.is_empty() || self.lang == "text"
+    }
+    fn is_source(&self) -> bool {
+        !self.is_output() && !matches!(self.lang.as_str(), "bash" | "sh" | "console")
+    }
+}
+
+fn blocks(chapter: &str) -> Vec<Block> {
+    let text = std::fs::read_to_string(src().join(chapter))
+        .unwrap_or_else(|e| panic!("{chapter} (listed in SUMMARY.md): {e}"));
+    let mut out = Vec::new();
+    let mut lines = text.lines().enumerate();
+    let mut previous = "";
+    while let Some((i, line)) = lines.next() {
+        let trimmed = line.trim_start();
+        if let Some(info) = trimmed.strip_prefix("```") {
+            let indent = line.len() - trimmed.len();
+            let mut body = String::new();
+            for (_, l) in lines.by_ref() {
+                if l.trim_start().starts_with("```") {
+                    break;
+                }
+                body.push_str(l.get(indent..).unwrap_or(l.trim_start()));
+                body.push('\n');
+            }
+            let prev = previous.trim();
+            let mark = if let Some(c) = prev.strip_prefix(CHECKED) {
+                Mark::Checked(c.trim_end_matches("-->").trim().to_string())
+            } else if prev.starts_with(ILLUSTRATIVE) {
+                Mark::Illustrative
+            } else {
+                Mark::None
+            };
+            out.push(Block {
+                chapter: chapter.to_string(),
+                line: i + 1,
+                lang: info.split(',').next().unwrap().trim().to_string(),
+                mark,
+                body,
+            });
+            previous = "";
+        } else if !line.trim().is_empty() {
+            previous = line;
+        }
+    }
+    out
+}
+
+/// The example binary, built once per test run (as in tests/examples.rs).
+fn example(name: &str) -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--examples", "-p", "nccl-workshop"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "cargo build --examples failed");
+    });
+    let test_exe = std::env::current_exe().unwrap();
+    let dir = test_exe.parent().unwrap().parent().unwrap();
+    dir.join("examples").join(name)
+}
+
+/// Runs `cargo run [--release] --example NAME [-- ARGS]` with the debug example binary (the
+/// output is the same but for timings, which are normalized). Returns stdout and stderr.
+fn run(command: &str) -> String {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let (cargo, args) =
+        words.split_at(words.iter().position(|w| *w == "--").unwrap_or(words.len()));
+    let args = args.get(1..).unwrap_or(&[]);
+    let name = match cargo {
+        ["cargo", "run", "--example", name] | ["cargo", "run", "--release", "--example", name] => {
+            name
+        }
+        _ => {
+            panic!("cannot run `{command}`: only `cargo run [--release] --example NAME [-- ARGS]`")
+        }
+    };
+    let output = Command::new(example(name))
+        .args(args)
+        .env_remove("RANK")
+        .env_remove("SLURM_PROCID")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "`{command}` failed:\n{stdout}\n{stderr}"
+    );
+    format!("{stdout}{stderr}")
+}
+
+/// Lines that each rank prints on its own, in whatever order the processes get there.
+fn per_rank(line: &str) -> bool {
+    let rank_line = |rest: &str| rest.starts_with(|c: char| c.is_ascii_digit());
+    line.strip_prefix("Hello from rank ").is_some_and(rank_line)
+        || line
+            .strip_prefix("Rank ")
+            .is_some_and(|r| rank_line(r) && r.contains(" using device: "))
+}
+
+/// Decimal numbers (timings, bandwidths) become `#.#`.
+fn numbers(line: &str) -> String {
+    let chars: Vec<char> = line.chars().collect();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let digits = |mut j: usize| {
+            while j < chars.len() && chars[j].is_ascii_digit() {
+                j += 1;
+            }
+            j
+        };
+        if chars[i].is_ascii_digit() && (i == 0 || !chars[i - 1].is_alphanumeric()) {
+            let j = digits(i);
+            if j + 1 < chars.len() && chars[j] == '.' && chars[j + 1].is_ascii_digit() {
+                out.push_str("#.#");
+                i = digits(j + 1);
+                continue;
+            }
+            out.extend(&chars[i..j]);
+            i = j;
+            continue;
+        }
+        out.push(chars[i]);
+        i += 1;
+    }
+    out
+}
+
+/// The lines in order, but per-rank lines as a sorted set of their own, numbers normalized.
+fn normalize(text: &str) -> (Vec<String>, Vec<String>) {
+    let lines: Vec<String> = text.lines().map(|l| numbers(l.trim_end())).collect();
+    let (mut ranks, rest): (Vec<String>, Vec<String>) =
+        lines.into_iter().partition(|l| per_rank(l));
+    ranks.sort();
+    let mut rest = rest;
+    while rest.last().is_some_and(|l| l.is_empty()) {
+        rest.pop();
+    }
+    (rest, ranks)
+}
+
+#[test]
+fn summary_entries_and_links_resolve() {
+    let mut broken = Vec::new();
+    for chapter in chapters() {
+        let path = src().join(&chapter);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            broken.push(format!("SUMMARY.md: {chapter} does not exist"));
+            continue;
+        };
+        let dir = path.parent().unwrap();
+        for (_, rest) in text.match_indices("](").map(|(i, _)| ((), &text[i + 2..])) {
+            let Some((target, _)) = rest.split_once(')') else {
+                continue;
+            };
+            let file = target.split('#').next().unwrap();
+            if file.is_empty() || file.contains("://") || file.starts_with("mailto:") {
+                continue;
+            }
+            if !dir.join(file).exists() {
+                broken.push(format!("{chapter}: link to {target}: no such file"));
+            }
+        }
+        for (n, line) in text.lines().enumerate() {
+            if let Some(rest) = line.trim().strip_prefix("{{#include ") {
+                // mdbook only logs a missing file, and shows nothing for a missing anchor.
+                let spec = rest.trim().trim_end_matches("}}");
+                let (file, anchor) = spec.split_once(':').unwrap_or((spec, ""));
+                let Ok(source) = std::fs::read_to_string(dir.join(file)) else {
+                    broken.push(format!(
+                        "{chapter}:{}: include of {file}: no such file",
+                        n + 1
+                    ));
+                    continue;
+                };
+                let is_name = anchor.chars().all(|c| c.is_alphanumeric() || c == '_');
+                if !anchor.is_empty()
+                    && is_name
+                    && !(source.contains(&format!("ANCHOR: {anchor}\n"))
+                        && source.contains(&format!("ANCHOR_END: {anchor}\n")))
+                {
+                    broken.push(format!(
+                        "{chapter}:{}: include of {file}: no ANCHOR/ANCHOR_END {anchor}",
+                        n + 1
+                    ));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn marked_output_blocks_are_what_the_commands_print() {
+    let mut failures = Vec::new();
+    for chapter in chapters() {
+        for block in blocks(&chapter) {
+            let Mark::Checked(command) = &block.mark else {
+                continue;
+            };
+            assert!(
+                block.is_output(),
+                "{}:{}: an output mark before a `{}` block (output blocks are ``` or ```text)",
+                block.chapter,
+                block.line,
+                block.lang
+            );
+            let actual = run(command);
+            if normalize(&actual) != normalize(&block.body) {
+                failures.push(format!(
+                    "{}:{}: `{command}` now prints (update the book):\n{actual}\nthe book shows:\n{}",
+                    block.chapter, block.line, block.body
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// The figure: blocks per chapter, and how many the tests check. Unmarked output blocks are
+/// listed by name (they are not checked); source blocks not included from a file too.
+#[test]
+fn figure() {
+    let mut rows: BTreeMap<usize, (String, [usize; 6])> = BTreeMap::new();
+    let mut unchecked = Vec::new();
+    let mut total = [0usize; 6];
+    for (i, chapter) in chapters().into_iter().enumerate() {
+        let mut c = [0usize; 6]; // source, included, commands, output, checked, illustrative
+        for b in blocks(&chapter) {
+            if b.is_output() {
+                c[3] += 1;
+                match b.mark {
+                    Mark::Checked(_) => c[4] += 1,
+                    Mark::Illustrative => c[5] += 1,
+                    Mark::None => unchecked.push(format!("{}:{} (output)", b.chapter, b.line)),
+                }
+            } else if b.is_source() {
+                c[0] += 1;
+                if b.body.trim_start().starts_with("{{#include") {
+                    c[1] += 1;
+                } else {
+                    unchecked.push(format!("{}:{} ({} copied)", b.chapter, b.line, b.lang));
+                }
+            } else {
+                c[2] += 1;
+            }
+        }
+        for k in 0..6 {
+            total[k] += c[k];
+        }
+        rows.insert(i, (chapter, c));
+    }
+    println!("chapter: source blocks (included) / command blocks / output blocks (checked, illustrative)");
+    for (chapter, c) in rows.values().chain([&("total".to_string(), total)]) {
+        println!(
+            "{chapter}: {} ({}) / {} / {} ({}, {})",
+            c[0], c[1], c[2], c[3], c[4], c[5]
+        );
+    }
+    for u in &unchecked {
+        println!("not checked: {u}");
+    }
+}
+
+#[test]
+fn normalization() {
+    let (rest, ranks) = normalize(
+        "a\nRank 1 using device: cpu:1\nRank 0 using device: cpu:0\ntook 52.35 ms, 1.9 GB/s\n\n",
+    );
+    assert_eq!(rest, ["a", "took #.# ms, #.# GB/s"]);
+    assert_eq!(
+        ranks,
+        ["Rank 0 using device: cpu:0", "Rank 1 using device: cpu:1"]
+    );
+    assert!(!per_rank("Rank 0 (cpu): all-reduce 100 MB took"));
+}
