@@ -49,8 +49,14 @@ impl Block {
     fn is_output(&self) -> bool {
         self.lang.is_empty() || self.lang == "text"
     }
+    /// Code from a file: included (any language), or a block in a language other than shell
+    /// commands. The rest (`bash` commands to type) are command blocks.
     fn is_source(&self) -> bool {
-        !self.is_output() && !matches!(self.lang.as_str(), "bash" | "sh" | "console")
+        !self.is_output()
+            && (self.is_included() || !matches!(self.lang.as_str(), "bash" | "sh" | "console"))
+    }
+    fn is_included(&self) -> bool {
+        self.body.trim_start().starts_with("{{#include")
     }
 }
 
@@ -288,7 +294,7 @@ fn figure() {
                 }
             } else if b.is_source() {
                 c[0] += 1;
-                if b.body.trim_start().starts_with("{{#include") {
+                if b.is_included() {
                     c[1] += 1;
                 } else {
                     unchecked.push(format!("{}:{} ({} copied)", b.chapter, b.line, b.lang));
