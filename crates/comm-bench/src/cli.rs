@@ -1,0 +1,204 @@
+//! The command line: nccl-tests' flags where they fit, the course's runs as presets, and
+//! `comm-bench report` to turn result files into plots and tables.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use comm_core::BackendChoice;
+
+use crate::units::parse_bytes;
+
+/// What is timed, for `--help` (docs/src/benchmarking.md says the same at more length).
+pub const TIMING_HELP: &str = "\
+WHAT IS TIMED
+  For each collective, size and placement (out-of-place, then in-place) every rank sets up its
+  buffers, then runs -w warm-up iterations untimed and -n timed ones. Each timed iteration starts
+  after a barrier; a rank's clock runs from the call to its return. comm-core's collectives return
+  only when their work is done: on NCCL the call is enqueued on the rank's CUDA stream and the
+  stream is synchronized before it returns, so the time includes the GPU's work. An iteration's
+  time is the slowest rank's (the ranks' times are reduced with max after the loop, outside the
+  timed region). The table shows the median of the -n iteration times; --csv and --json also keep
+  the min and max. nccl-tests instead averages back-to-back iterations without barriers; medians
+  of barrier-separated iterations are less sensitive to a noisy machine.
+
+  algbw = size / time (GB/s, 10^9 bytes per second), size being the whole buffer a rank sends or
+  receives: the gathered buffer for all_gather, the buffer before scattering for reduce_scatter.
+  busbw = algbw x a factor that makes it comparable to a link's speed whatever the world size n:
+  2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for broadcast, reduce and
+  sendrecv (nccl-tests' PERFORMANCE.md).
+
+  #wrong: after the timing, the collective runs -c more times on fresh inputs (small whole numbers,
+  so float sums are exact in any order) and each rank compares every element of its result with a
+  sequential reference; the column is the sum over ranks. Any wrong element makes the exit code 1.
+
+RANKS
+  Started plainly, comm-bench starts one process per rank on this machine for each --world-sizes
+  entry (capped by the GPUs when NCCL runs) and prints one table per collective and world size.
+  Started by srun, torchrun or commrun it is one rank of that launch, and --world-sizes is ignored.
+
+EXAMPLES
+  comm-bench -b 8 -e 128M -f 2                           # all_reduce_perf's sweep, one table
+  comm-bench --collectives all --world-sizes 2,4 --csv r.csv
+  comm-bench --preset allreduce-sweep --csv cpu.csv      # the course's 1 MB-1 GB x 2/4/6 sweep
+  comm-bench report cpu.csv gpu.csv -o report/           # plots, tables, observations";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "comm-bench",
+    version,
+    about = "Times collectives on any backend the way nccl-tests does: size, count, time, algbw, busbw, #wrong",
+    after_long_help = TIMING_HELP,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub bench: BenchArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Combines result files (--csv or --json output, from any machines) into PNG and SVG plots,
+    /// markdown tables and observations.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    /// CSV or JSON files written by comm-bench --csv/--json.
+    #[arg(required = true, value_name = "FILES")]
+    pub files: Vec<PathBuf>,
+
+    /// Folder for the plots and report.md (created if missing).
+    #[arg(short, long, value_name = "DIR", default_value = "comm-bench-report")]
+    pub out: PathBuf,
+}
+
+/// The course's three measurements, one flag each; explicit flags override a preset's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Preset {
+    /// The profiler (seeds/002): all_reduce, all_gather and reduce_scatter of 1M, 4M and 16M
+    /// floats (4, 16 and 64 MiB).
+    Profiler,
+    /// The all-reduce benchmark (seeds/004): 1 MB, 10 MB, 100 MB and 1 GB, in place, on 2, 4 and 6
+    /// ranks (capped by the GPUs on NCCL and by this machine's memory).
+    AllreduceSweep,
+    /// Gloo vs NCCL (seeds/000): a 100 MB all-reduce on 2 ranks, on the CPU backend and on NCCL
+    /// (where it can run).
+    CpuVsNccl,
+}
+
+/// Which of nccl-tests' two runs per size to make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Placements {
+    /// Out-of-place (separate send and receive buffers), then in-place.
+    Both,
+    OutOfPlace,
+    InPlace,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Run one of the course's measurements (explicit flags still override its values).
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
+
+    /// Collectives to time, comma-separated, or "all": all_reduce, all_gather, reduce_scatter,
+    /// broadcast, reduce, sendrecv [default: all_reduce].
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub collectives: Option<Vec<String>>,
+
+    /// Smallest size in bytes: K, M, G are x1024 as in nccl-tests (1M = 1048576); KB, MB, GB are
+    /// x1000 as the course writes sizes (100MB = 100000000) [default: 1K].
+    #[arg(short = 'b', long = "minbytes", value_parser = parse_bytes, value_name = "SIZE")]
+    pub min_bytes: Option<u64>,
+
+    /// Largest size in bytes (same suffixes) [default: 64M].
+    #[arg(short = 'e', long = "maxbytes", value_parser = parse_bytes, value_name = "SIZE")]
+    pub max_bytes: Option<u64>,
+
+    /// Multiply the size by this factor from one step to the next [default: 4].
+    #[arg(
+        short = 'f',
+        long = "stepfactor",
+        value_name = "FACTOR",
+        conflicts_with = "step_bytes"
+    )]
+    pub step_factor: Option<u64>,
+
+    /// Add this many bytes from one step to the next, instead of -f.
+    #[arg(short = 'i', long = "stepbytes", value_parser = parse_bytes, value_name = "SIZE")]
+    pub step_bytes: Option<u64>,
+
+    /// Timed iterations per size and placement [default: 20].
+    #[arg(short = 'n', long = "iters", value_name = "N")]
+    pub iters: Option<usize>,
+
+    /// Untimed warm-up iterations before them [default: 5].
+    #[arg(short = 'w', long = "warmup_iters", value_name = "N")]
+    pub warmup: Option<usize>,
+
+    /// Correctness checks after the timing: 0 turns them off [default: 1].
+    #[arg(short = 'c', long = "check", value_name = "N")]
+    pub check: Option<usize>,
+
+    /// Element types, comma-separated, or "all": float, double, int32, int64 [default: float].
+    #[arg(
+        short = 'd',
+        long = "datatype",
+        value_delimiter = ',',
+        value_name = "LIST"
+    )]
+    pub dtypes: Option<Vec<String>>,
+
+    /// Reductions for all_reduce, reduce and reduce_scatter, comma-separated, or "all": sum,
+    /// prod, min, max, avg [default: sum].
+    #[arg(short = 'o', long = "op", value_delimiter = ',', value_name = "LIST")]
+    pub ops: Option<Vec<String>>,
+
+    /// Root rank of broadcast and reduce [default: 0].
+    #[arg(short = 'r', long = "root", value_name = "RANK")]
+    pub root: Option<usize>,
+
+    /// Backends, comma-separated: auto (NCCL where a GPU and libnccl are usable, else the CPU),
+    /// cpu, nccl. Each is measured in turn [default: auto].
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
+    pub backend: Option<Vec<BackendChoice>>,
+
+    /// Numbers of ranks to start on this machine, comma-separated, one run each
+    /// [default: one per GPU on NCCL; on the CPU min(4, cores), at least 2].
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub world_sizes: Option<Vec<usize>>,
+
+    /// Out-of-place, in-place or both (nccl-tests times both) [default: both].
+    #[arg(long, value_enum, value_name = "WHICH")]
+    pub placement: Option<Placements>,
+
+    /// Also write the results as CSV: one row per backend, collective, world size, size, type,
+    /// reduction and placement, with the machine, backend and versions.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+
+    /// Also write the same rows as a JSON array.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Seconds any wait may take (rendezvous, a collective) before the run fails.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub timeout: f64,
+
+    /// Test hook: after each checked collective, add 1 to one element of one rank's result, so
+    /// the check must count it and the exit code be non-zero.
+    #[arg(long, hide_short_help = true)]
+    pub inject_error: bool,
+
+    /// Internal: set by comm-bench on the ranks it starts (rank 0 reports to this file).
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub child_events: Option<PathBuf>,
+
+    /// Internal: the one backend a rank started by comm-bench measures.
+    #[arg(long, hide = true, value_enum)]
+    pub child_backend: Option<BackendChoice>,
+}

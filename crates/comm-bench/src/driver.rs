@@ -1,0 +1,554 @@
+//! Who does what. Started plainly, comm-bench is the *parent*: it picks the backends once, and
+//! for each backend and world size starts that many ranks of itself (comm-core's spawn, as the
+//! course's mp.spawn does), reads what their rank 0 reports and prints the tables. Started by a
+//! launcher (srun, torchrun, commrun) it is a *rank*: it meets the others and measures; its rank
+//! 0 prints the tables itself, or, when the parent started it, reports to the parent.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use clap::ValueEnum;
+use comm_core::backend::{self, BackendKind, Selection};
+use comm_core::launch::{connect, LaunchArgs, DEFAULT_CPU_RANKS};
+use comm_core::spawn::{self, Outcome, SpawnPlan};
+use comm_core::timing::Collective;
+use comm_core::{BackendChoice, Communicator, Device, ReduceOp, Topology};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::BenchArgs;
+use crate::measure::{measure, Case, Options};
+use crate::plan::Plan;
+use crate::record::{self, Row, RunInfo};
+use crate::table;
+
+/// What a rank 0 reports, in order: to the parent as JSON lines, or straight to its own printer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Event {
+    /// A table starts.
+    Begin { info: RunInfo, collective: String },
+    /// One table line's rows.
+    Line(Vec<Row>),
+    /// A size that was not measured, and why (None: too small for one element per rank).
+    Skipped(Option<String>),
+    /// The table ends.
+    End,
+}
+
+/// Prints tables from events, keeps the rows, and moves the progress bar.
+pub struct Printer {
+    plan: Plan,
+    block: Vec<Row>,
+    pub rows: Vec<Row>,
+    progress: ProgressBar,
+}
+
+impl Printer {
+    pub fn new(plan: &Plan, lines: usize) -> Printer {
+        // Hidden by indicatif itself when stderr is not a terminal (pipes, srun, CI).
+        let progress = ProgressBar::new(lines as u64);
+        progress.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} sizes {msg} (eta {eta})",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Printer {
+            plan: plan.clone(),
+            block: Vec::new(),
+            rows: Vec::new(),
+            progress,
+        }
+    }
+
+    fn print(&self, text: &str) {
+        self.progress.suspend(|| {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{text}");
+            let _ = out.flush();
+        });
+    }
+
+    pub fn handle(&mut self, event: Event) {
+        match event {
+            Event::Begin { info, collective } => {
+                self.progress.set_message(format!(
+                    "{collective}, {}, {} ranks",
+                    info.backend, info.world_size
+                ));
+                self.print(&table::header(&info, &collective, &self.plan));
+            }
+            Event::Line(rows) => {
+                self.print(&table::line(&rows));
+                self.block.extend(rows.iter().cloned());
+                self.rows.extend(rows);
+                self.progress.inc(1);
+            }
+            Event::Skipped(note) => {
+                if let Some(note) = note {
+                    self.print(&format!("# {note}"));
+                }
+                self.progress.inc(1);
+            }
+            Event::End => {
+                self.print(&table::footer(&self.block));
+                self.block.clear();
+            }
+        }
+    }
+
+    pub fn done(&self) {
+        self.progress.finish_and_clear();
+    }
+
+    pub fn wrong(&self) -> u64 {
+        self.rows.iter().filter_map(|r| r.wrong).sum()
+    }
+}
+
+/// Where a rank's events go.
+enum Sink {
+    /// Not rank 0: nothing to report.
+    None,
+    /// Rank 0 started by the parent: one JSON line per event, flushed at once.
+    Parent(File),
+    /// Rank 0 under a launcher: print here.
+    Print(Box<Printer>),
+}
+
+impl Sink {
+    fn send(&mut self, event: Event) -> comm_core::Result<()> {
+        match self {
+            Sink::None => Ok(()),
+            Sink::Print(p) => {
+                p.handle(event);
+                Ok(())
+            }
+            Sink::Parent(file) => {
+                let mut line = serde_json::to_string(&event)
+                    .map_err(|e| comm_core::CommError::Usage(format!("encoding a result: {e}")))?;
+                line.push('\n');
+                file.write_all(line.as_bytes())
+                    .and_then(|_| file.flush())
+                    .map_err(|e| comm_core::CommError::io("reporting to comm-bench's parent", e))
+            }
+        }
+    }
+}
+
+/// The entry point of a benchmark run (not `report`). Returns the exit code.
+pub fn run(args: &BenchArgs) -> i32 {
+    let plan = match Plan::resolve(args) {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("comm-bench: error: {e}");
+            return 2;
+        }
+    };
+    if let Err(e) = LaunchArgs::timeout(&launch_args(args, BackendChoice::Auto)) {
+        eprintln!("comm-bench: error: {e}");
+        return 2;
+    }
+    match Topology::from_env() {
+        Err(e) => {
+            eprintln!("comm-bench: error: {e}");
+            2
+        }
+        Ok(Some(topology)) => rank_main(args, &plan, topology),
+        Ok(None) => parent_main(args, &plan),
+    }
+}
+
+fn launch_args(args: &BenchArgs, backend: BackendChoice) -> LaunchArgs {
+    LaunchArgs {
+        nproc_per_node: None,
+        backend,
+        timeout: args.timeout,
+    }
+}
+
+fn choice_name(choice: BackendChoice) -> String {
+    choice
+        .to_possible_value()
+        .map_or("auto".into(), |v| v.get_name().to_string())
+}
+
+/// Ranks per world size when --world-sizes is not given.
+pub fn default_world_size(selection: &Selection) -> usize {
+    match selection.kind {
+        BackendKind::Nccl => selection.gpus.max(1),
+        BackendKind::Cpu => {
+            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+            cores.clamp(2, DEFAULT_CPU_RANKS.max(2))
+        }
+    }
+}
+
+/// The parent: one spawn per (backend, world size); tables printed from the ranks' reports.
+fn parent_main(args: &BenchArgs, plan: &Plan) -> i32 {
+    let mut jobs: Vec<(BackendChoice, BackendKind, usize)> = Vec::new();
+    let mut notes = Vec::new();
+    for &choice in &plan.backends {
+        let selection = match backend::select(choice) {
+            Ok(s) => s,
+            Err(e) if plan.backends.len() > 1 => {
+                notes.push(format!("skipping --backend {}: {e}", choice_name(choice)));
+                continue;
+            }
+            Err(e) => {
+                eprintln!("comm-bench: error: {e}");
+                return 2;
+            }
+        };
+        let sizes = plan
+            .world_sizes
+            .clone()
+            .unwrap_or_else(|| vec![default_world_size(&selection)]);
+        for ws in sizes {
+            if selection.kind == BackendKind::Nccl && ws > selection.gpus {
+                notes.push(format!(
+                    "skipping {ws} ranks on NCCL: this node has {} GPU{} and NCCL needs one per rank",
+                    selection.gpus,
+                    if selection.gpus == 1 { "" } else { "s" }
+                ));
+            } else if !jobs.iter().any(|j| j.1 == selection.kind && j.2 == ws) {
+                jobs.push((choice, selection.kind, ws));
+            }
+        }
+    }
+    for note in &notes {
+        eprintln!("comm-bench: {note}");
+    }
+    if jobs.is_empty() {
+        eprintln!("comm-bench: error: nothing to run: every backend and world size was skipped");
+        return 2;
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "comm-bench-{}-{}",
+        std::process::id(),
+        record::utc_now().replace(':', "")
+    ));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("comm-bench: error: cannot create {}: {e}", dir.display());
+        return 1;
+    }
+    let mut printer = Printer::new(plan, jobs.len() * plan.cases());
+    let mut code = 0;
+    for (choice, kind, ws) in jobs {
+        let events = dir.join(format!("{kind}-{ws}.jsonl"));
+        match spawn_job(choice, ws, &events, &mut printer) {
+            Ok(Outcome::Success) => {}
+            Ok(outcome) => {
+                let why = match &outcome {
+                    Outcome::Failed(f) => format!("{}; the other ranks were stopped", f.describe()),
+                    _ => "interrupted: the ranks were stopped".into(),
+                };
+                printer
+                    .progress
+                    .suspend(|| eprintln!("comm-bench: error: {kind} with {ws} ranks: {why}"));
+                code = outcome.exit_code();
+                break;
+            }
+            Err(e) => {
+                eprintln!("comm-bench: error: {e}");
+                code = 1;
+                break;
+            }
+        }
+    }
+    printer.done();
+    let _ = std::fs::remove_dir_all(&dir);
+    let written = write_outputs(args, &printer.rows);
+    if code == 0 && !written {
+        code = 1;
+    }
+    finish_code(code, printer.wrong())
+}
+
+/// A run's exit code: a failure's, else 1 when any element was wrong.
+fn finish_code(code: i32, wrong: u64) -> i32 {
+    if code == 0 && wrong > 0 {
+        eprintln!(
+            "comm-bench: error: {wrong} wrong element{} (the #wrong columns): a collective gave a result that differs from the sequential reference",
+            if wrong == 1 { "" } else { "s" }
+        );
+        return 1;
+    }
+    code
+}
+
+/// Writes --csv and --json; says so on stderr. False when one could not be written.
+fn write_outputs(args: &BenchArgs, rows: &[Row]) -> bool {
+    let mut ok = true;
+    for (path, write) in [
+        (
+            &args.csv,
+            record::write_csv as fn(&Path, &[Row]) -> Result<(), String>,
+        ),
+        (&args.json, record::write_json),
+    ] {
+        let Some(path) = path else { continue };
+        match write(path, rows) {
+            Ok(()) => eprintln!(
+                "comm-bench: wrote {} rows to {}",
+                rows.len(),
+                path.display()
+            ),
+            Err(e) => {
+                eprintln!("comm-bench: error: {e}");
+                ok = false;
+            }
+        }
+    }
+    ok
+}
+
+/// Starts `ws` ranks measuring `choice`, printing what their rank 0 reports as it arrives.
+fn spawn_job(
+    choice: BackendChoice,
+    ws: usize,
+    events: &Path,
+    printer: &mut Printer,
+) -> comm_core::Result<Outcome> {
+    let program = std::env::current_exe()
+        .map_err(|e| comm_core::CommError::io("cannot find comm-bench to start its ranks", e))?;
+    let mut child_args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    child_args.extend([
+        "--child-events".into(),
+        events.as_os_str().to_owned(),
+        "--child-backend".into(),
+        choice_name(choice).into(),
+    ]);
+    let plan = SpawnPlan {
+        program,
+        args: child_args,
+        nproc_per_node: ws,
+        nnodes: 1,
+        node_rank: 0,
+        master_addr: "127.0.0.1".into(),
+        master_port: spawn::free_port()?,
+        prefix_output: false,
+        grace: Duration::from_secs(3),
+    };
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let follower = s.spawn(|| follow(events, &stop, printer));
+        let outcome = spawn::run(&plan);
+        stop.store(true, Ordering::SeqCst);
+        let _ = follower.join();
+        outcome
+    })
+}
+
+/// Reads the events file as rank 0 appends to it, until `stop` and the end of the file.
+fn follow(path: &Path, stop: &AtomicBool, printer: &mut Printer) {
+    let mut reader: Option<BufReader<File>> = None;
+    let mut partial = String::new();
+    loop {
+        let stopping = stop.load(Ordering::SeqCst);
+        if reader.is_none() {
+            reader = File::open(path).ok().map(BufReader::new);
+        }
+        let mut progressed = false;
+        if let Some(r) = reader.as_mut() {
+            loop {
+                match r.read_line(&mut partial) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) if partial.ends_with('\n') => {
+                        progressed = true;
+                        match serde_json::from_str::<Event>(partial.trim_end()) {
+                            Ok(event) => printer.handle(event),
+                            Err(e) => eprintln!("comm-bench: ignoring a malformed report: {e}"),
+                        }
+                        partial.clear();
+                    }
+                    Ok(_) => break, // half a line: the rest comes later
+                }
+            }
+        }
+        if stopping {
+            return;
+        }
+        if !progressed {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A rank: meet the others, measure every backend asked for, report from rank 0.
+fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
+    let rank = topology.rank;
+    let backends = match args.child_backend {
+        Some(b) => vec![b],
+        None => plan.backends.clone(),
+    };
+    let direct = args.child_events.is_none();
+    let mut sink = match (&args.child_events, rank) {
+        (_, r) if r != 0 => Sink::None,
+        (Some(path), _) => match File::create(path) {
+            Ok(f) => Sink::Parent(f),
+            Err(e) => {
+                eprintln!("error: rank 0 cannot write {}: {e}", path.display());
+                return 1;
+            }
+        },
+        (None, _) => Sink::Print(Box::new(Printer::new(plan, backends.len() * plan.cases()))),
+    };
+    if direct && rank == 0 && plan.world_sizes.is_some() {
+        eprintln!(
+            "comm-bench: started by a launcher: measuring its {} ranks (--world-sizes applies only when comm-bench starts the ranks)",
+            topology.world_size
+        );
+    }
+    let result = (|| -> comm_core::Result<()> {
+        let first = connect(&topology, &launch_args(args, backends[0]))?;
+        measure_all(&first, plan, &topology, &mut sink)?;
+        for &choice in &backends[1..] {
+            match first.with_backend(choice) {
+                Ok(comm) => measure_all(&comm, plan, &topology, &mut sink)?,
+                Err(e) if rank == 0 => eprintln!(
+                    "comm-bench: skipping --backend {}: {e}",
+                    choice_name(choice)
+                ),
+                Err(_) => {}
+            }
+        }
+        first.finish()
+    })();
+    match (result, sink) {
+        (Err(e), _) => {
+            eprintln!("error: rank {rank}: {e}");
+            1
+        }
+        (Ok(()), Sink::Print(printer)) => {
+            printer.done();
+            let code = if write_outputs(args, &printer.rows) {
+                0
+            } else {
+                1
+            };
+            finish_code(code, printer.wrong())
+        }
+        // Ranks the parent started leave the verdict to it; other ranks stay quiet.
+        (Ok(()), _) => 0,
+    }
+}
+
+/// Host memory each rank may use on this node: 3/4 of MemAvailable shared by its ranks, the
+/// smallest over all nodes (so every rank skips the same sizes).
+fn memory_budget(comm: &Communicator, local_ranks: usize) -> comm_core::Result<u64> {
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(i64::MAX as u64, |kb| kb * 1024);
+    let mine = (available / 4 * 3 / local_ranks.max(1) as u64).min(i64::MAX as u64) as i64;
+    let mut budget = comm.buffer(&[mine])?;
+    comm.all_reduce(&mut budget, ReduceOp::Min)?;
+    Ok(comm.to_host(&budget)?[0] as u64)
+}
+
+/// Host memory one rank needs for `bytes`: send and receive buffers (or a CPU algorithm's
+/// scratch copy), and for the check the result, the reference and one rank's input.
+pub fn footprint(bytes: u64) -> u64 {
+    3 * bytes
+}
+
+/// The backend's version and the machine it runs on, for the rows.
+fn describe(comm: &Communicator) -> (String, String) {
+    match comm.device() {
+        Device::Cuda(ordinal) => {
+            let version = cudarc::nccl::result::get_nccl_version().map_or_else(
+                |_| "NCCL (version unknown)".to_string(),
+                |v| format!("NCCL {}.{}.{}", v / 10000, (v / 100) % 100, v % 100),
+            );
+            let gpu = cudarc::driver::CudaContext::new(ordinal)
+                .and_then(|c| c.name())
+                .unwrap_or_else(|_| "GPU".into());
+            (version, format!("{gpu}, host {}", record::cpu_model()))
+        }
+        Device::Cpu(_) => (
+            format!("tcp transport (comm-core {})", env!("CARGO_PKG_VERSION")),
+            record::cpu_model(),
+        ),
+    }
+}
+
+/// Every table of the plan on `comm`.
+fn measure_all(
+    comm: &Communicator,
+    plan: &Plan,
+    topology: &Topology,
+    sink: &mut Sink,
+) -> comm_core::Result<()> {
+    let (version, machine) = describe(comm);
+    let info = RunInfo {
+        backend: comm.backend().to_string(),
+        backend_version: version,
+        machine,
+        host: record::host(),
+        world_size: comm.world_size(),
+        nodes: (topology.world_size / topology.local_world_size.max(1)).max(1),
+        warmup: plan.warmup,
+        iters: plan.iters,
+        started: record::utc_now(),
+    };
+    let budget = memory_budget(comm, topology.local_world_size)?;
+    let opts = Options {
+        warmup: plan.warmup,
+        iters: plan.iters,
+        checks: plan.checks,
+        out_of_place: plan.out_of_place,
+        in_place: plan.in_place,
+        inject_error: plan.inject_error,
+    };
+    let tables = plan.tables();
+    for (i, &(collective, dtype, op)) in tables.iter().enumerate() {
+        if i == 0 || tables[i - 1].0 != collective {
+            sink.send(Event::Begin {
+                info: info.clone(),
+                collective: collective.name().into(),
+            })?;
+        }
+        for &bytes in &plan.sizes {
+            if footprint(bytes) > budget {
+                sink.send(Event::Skipped(Some(memory_note(
+                    collective, bytes, budget, topology,
+                ))))?;
+                continue;
+            }
+            let case = Case {
+                collective,
+                dtype,
+                op,
+                root: plan.root,
+                bytes,
+            };
+            match measure(comm, &case, &opts)? {
+                Some(m) => sink.send(Event::Line(Row::of(&info, &m)))?,
+                None => sink.send(Event::Skipped(None))?,
+            }
+        }
+        if tables.get(i + 1).is_none_or(|next| next.0 != collective) {
+            sink.send(Event::End)?;
+        }
+    }
+    Ok(())
+}
+
+fn memory_note(collective: Collective, bytes: u64, budget: u64, topology: &Topology) -> String {
+    let gb = |b: u64| b as f64 / 1e9;
+    format!(
+        "skipped {collective} at {bytes} B: each of the {} ranks on a node needs about {:.1} GB of host memory \
+         (buffers, then the check), and 3/4 of MemAvailable leaves {:.1} GB per rank",
+        topology.local_world_size,
+        gb(footprint(bytes)),
+        gb(budget)
+    )
+}

@@ -1,0 +1,19 @@
+//! comm-bench: the collective benchmark and profiler of nccl-workshop. It times collectives on
+//! any backend the way nccl-tests does (size, count, time, algbw, busbw, #wrong), writes CSV and
+//! JSON, and `comm-bench report` turns result files into plots, tables and observations.
+//!
+//! - [`cli`]: the flags (nccl-tests' where they fit) and the presets of the course's runs
+//! - [`plan`]: flags → the sweep to run
+//! - [`measure`]: one collective at one size, timed and checked
+//! - [`driver`]: the parent that starts ranks per world size, and the ranks themselves
+//! - [`table`], [`record`]: nccl-tests' table; rows for CSV/JSON
+//! - [`report`]: plots (plotters, PNG and SVG), markdown and observations
+
+pub mod cli;
+pub mod driver;
+pub mod measure;
+pub mod plan;
+pub mod record;
+pub mod report;
+pub mod table;
+pub mod units;

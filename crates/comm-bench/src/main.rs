@@ -1,0 +1,32 @@
+//! `comm-bench`: see `comm-bench --help` and docs/src/benchmarking.md.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use comm_bench::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let code = match &cli.command {
+        Some(Command::Report(args)) => match comm_bench::report::report(&args.files, &args.out) {
+            Ok(report) => {
+                for file in &report.files {
+                    println!("wrote {}", file.display());
+                }
+                if !report.observations.is_empty() {
+                    println!("\nObservations:");
+                    for o in &report.observations {
+                        println!("- {o}");
+                    }
+                }
+                0
+            }
+            Err(e) => {
+                eprintln!("comm-bench report: error: {e}");
+                1
+            }
+        },
+        None => comm_bench::driver::run(&cli.bench),
+    };
+    ExitCode::from(code.clamp(0, 255) as u8)
+}

@@ -1,0 +1,320 @@
+//! What to measure: the flags, a preset's values under them, and the defaults under both.
+
+use comm_core::timing::Collective;
+use comm_core::{BackendChoice, DType, ReduceOp};
+
+use crate::cli::{BenchArgs, Placements, Preset};
+use crate::units::{sweep, Step};
+
+/// A resolved sweep, the same on every rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub collectives: Vec<Collective>,
+    /// Requested sizes in bytes (each collective rounds them to whole elements per rank).
+    pub sizes: Vec<u64>,
+    pub dtypes: Vec<DType>,
+    pub ops: Vec<ReduceOp>,
+    pub root: usize,
+    pub iters: usize,
+    pub warmup: usize,
+    pub checks: usize,
+    pub out_of_place: bool,
+    pub in_place: bool,
+    pub backends: Vec<BackendChoice>,
+    /// None: the default for the backend (one per GPU, or the CPU default).
+    pub world_sizes: Option<Vec<usize>>,
+    pub inject_error: bool,
+}
+
+/// The collectives comm-bench can time. alltoall is not among them: comm-core's communicator has
+/// no alltoall (NCCL has none either; nccl-tests builds it from grouped send/recv).
+pub const SUPPORTED: [Collective; 6] = [
+    Collective::AllReduce,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::Broadcast,
+    Collective::Reduce,
+    Collective::SendRecv,
+];
+
+/// Whether the collective takes a reduction (and so an -o op and a redop column).
+pub fn reduces(c: Collective) -> bool {
+    matches!(
+        c,
+        Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter
+    )
+}
+
+/// Whether the collective has a root (-r).
+pub fn rooted(c: Collective) -> bool {
+    matches!(c, Collective::Broadcast | Collective::Reduce)
+}
+
+/// Whether an in-place form exists: send/recv between two buffers has none.
+pub fn has_in_place(c: Collective) -> bool {
+    c != Collective::SendRecv
+}
+
+/// A preset's values, each used where its flag was not given.
+#[derive(Default)]
+struct Defaults {
+    collectives: Option<Vec<Collective>>,
+    min: Option<u64>,
+    max: Option<u64>,
+    factor: Option<u64>,
+    placement: Option<Placements>,
+    backends: Option<Vec<BackendChoice>>,
+    world_sizes: Option<Vec<usize>>,
+}
+
+fn preset(p: Option<Preset>) -> Defaults {
+    match p {
+        None => Defaults::default(),
+        Some(Preset::Profiler) => Defaults {
+            collectives: Some(vec![
+                Collective::AllReduce,
+                Collective::AllGather,
+                Collective::ReduceScatter,
+            ]),
+            min: Some(4 << 20),
+            max: Some(64 << 20),
+            factor: Some(4),
+            ..Defaults::default()
+        },
+        Some(Preset::AllreduceSweep) => Defaults {
+            collectives: Some(vec![Collective::AllReduce]),
+            min: Some(1_000_000),
+            max: Some(1_000_000_000),
+            factor: Some(10),
+            placement: Some(Placements::InPlace),
+            world_sizes: Some(vec![2, 4, 6]),
+            ..Defaults::default()
+        },
+        Some(Preset::CpuVsNccl) => Defaults {
+            collectives: Some(vec![Collective::AllReduce]),
+            min: Some(100_000_000),
+            max: Some(100_000_000),
+            factor: Some(2),
+            placement: Some(Placements::InPlace),
+            backends: Some(vec![BackendChoice::Cpu, BackendChoice::Nccl]),
+            world_sizes: Some(vec![2]),
+        },
+    }
+}
+
+fn list<T: Copy>(
+    given: &Option<Vec<String>>,
+    all: &[T],
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Option<Vec<T>>, String> {
+    let Some(given) = given else { return Ok(None) };
+    if given.iter().any(|s| s == "all") {
+        return Ok(Some(all.to_vec()));
+    }
+    let mut out = Vec::new();
+    for s in given.iter().filter(|s| !s.is_empty()) {
+        out.push(parse(s)?);
+    }
+    Ok(Some(out))
+}
+
+fn parse_collective(s: &str) -> Result<Collective, String> {
+    let c: Collective = s.parse().map_err(|e: String| {
+        e.replace(", alltoall", "")
+            .replace("alltoall, ", "")
+            .replace("use one of", "use all or one of")
+    })?;
+    if !SUPPORTED.contains(&c) {
+        return Err(format!(
+            "{c} is not measured by comm-bench: comm-core's communicator has no {c} (NCCL has no \
+             such call either; nccl-tests builds it from grouped send/recv, which comm-core does \
+             not offer yet)"
+        ));
+    }
+    Ok(c)
+}
+
+impl Plan {
+    pub fn resolve(args: &BenchArgs) -> Result<Plan, String> {
+        let d = preset(args.preset);
+        let collectives = list(&args.collectives, &SUPPORTED, parse_collective)?
+            .or(d.collectives)
+            .unwrap_or_else(|| vec![Collective::AllReduce]);
+        let dtypes = list(&args.dtypes, &DType::ALL, |s| s.parse())?.unwrap_or(vec![DType::F32]);
+        let ops = list(&args.ops, &ReduceOp::ALL, |s| s.parse())?.unwrap_or(vec![ReduceOp::Sum]);
+        if collectives.is_empty() || dtypes.is_empty() || ops.is_empty() {
+            return Err("--collectives, -d and -o each need at least one value".into());
+        }
+        let min = args.min_bytes.or(d.min).unwrap_or(1 << 10);
+        // Without -e, a -b above the default maximum measures that one size.
+        let max = args
+            .max_bytes
+            .unwrap_or_else(|| d.max.unwrap_or(64 << 20).max(min));
+        let step = match (args.step_bytes, args.step_factor) {
+            (Some(i), _) => Step::Bytes(i),
+            (None, Some(f)) => Step::Factor(f),
+            (None, None) => Step::Factor(d.factor.unwrap_or(4)),
+        };
+        let sizes = sweep(min, max, step)?;
+        let placement = args.placement.or(d.placement).unwrap_or(Placements::Both);
+        let backends = args
+            .backend
+            .clone()
+            .or(d.backends)
+            .unwrap_or(vec![BackendChoice::Auto]);
+        let world_sizes = args.world_sizes.clone().or(d.world_sizes);
+        if let Some(ws) = &world_sizes {
+            if ws.is_empty() || ws.contains(&0) {
+                return Err(
+                    "--world-sizes: give one or more numbers of ranks, each at least 1".into(),
+                );
+            }
+        }
+        let iters = args.iters.unwrap_or(20);
+        if iters == 0 {
+            return Err("-n/--iters 0: time at least one iteration".into());
+        }
+        Ok(Plan {
+            collectives,
+            sizes,
+            dtypes,
+            ops,
+            root: args.root.unwrap_or(0),
+            iters,
+            warmup: args.warmup.unwrap_or(5),
+            checks: args.check.unwrap_or(1),
+            out_of_place: placement != Placements::InPlace,
+            in_place: placement != Placements::OutOfPlace,
+            backends,
+            world_sizes,
+            inject_error: args.inject_error,
+        })
+    }
+
+    /// The (collective, dtype, op) tables of the sweep, in order; `op` is None for collectives
+    /// that do not reduce.
+    pub fn tables(&self) -> Vec<(Collective, DType, Option<ReduceOp>)> {
+        let mut out = Vec::new();
+        for &c in &self.collectives {
+            for &d in &self.dtypes {
+                if reduces(c) {
+                    out.extend(self.ops.iter().map(|&op| (c, d, Some(op))));
+                } else {
+                    out.push((c, d, None));
+                }
+            }
+        }
+        out
+    }
+
+    /// How many table lines one world size produces (for the progress bar).
+    pub fn cases(&self) -> usize {
+        self.tables().len() * self.sizes.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Cli;
+    use clap::Parser;
+
+    fn plan(args: &[&str]) -> Result<Plan, String> {
+        let cli = Cli::try_parse_from(std::iter::once("comm-bench").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        Plan::resolve(&cli.bench)
+    }
+
+    #[test]
+    fn defaults() {
+        let p = plan(&[]).unwrap();
+        assert_eq!(p.collectives, vec![Collective::AllReduce]);
+        assert_eq!(p.sizes.first(), Some(&1024));
+        assert_eq!(p.sizes.last(), Some(&(64 << 20)));
+        assert_eq!((p.iters, p.warmup, p.checks, p.root), (20, 5, 1, 0));
+        assert!(p.in_place && p.out_of_place);
+        assert_eq!(p.backends, vec![BackendChoice::Auto]);
+        assert_eq!(p.world_sizes, None);
+    }
+
+    #[test]
+    fn nccl_tests_flags() {
+        let p = plan(&[
+            "-b", "8", "-e", "128M", "-f", "2", "-n", "7", "-w", "2", "-c", "0", "-d", "double",
+            "-o", "max", "-r", "1",
+        ])
+        .unwrap();
+        assert_eq!(p.sizes.len(), 25);
+        assert_eq!(p.sizes[24], 128 << 20);
+        assert_eq!((p.iters, p.warmup, p.checks, p.root), (7, 2, 0, 1));
+        assert_eq!((p.dtypes[0], p.ops[0]), (DType::F64, ReduceOp::Max));
+        let p = plan(&["-b", "1K", "-e", "4K", "-i", "1K"]).unwrap();
+        assert_eq!(p.sizes, vec![1024, 2048, 3072, 4096]);
+        assert_eq!(
+            plan(&["-b", "1M", "-e", "1M"]).unwrap().sizes,
+            vec![1 << 20]
+        );
+        assert_eq!(plan(&["-b", "1G"]).unwrap().sizes, vec![1 << 30]);
+        assert!(plan(&["-f", "2", "-i", "8"]).is_err());
+    }
+
+    #[test]
+    fn lists_and_all() {
+        let p = plan(&["--collectives", "all", "-d", "all", "-o", "sum,max"]).unwrap();
+        assert_eq!(p.collectives, SUPPORTED.to_vec());
+        assert_eq!(p.dtypes.len(), 4);
+        // reducing collectives get one table per op, the others one.
+        assert_eq!(p.tables().len(), 4 * (3 * 2 + 3));
+        let p = plan(&[
+            "--collectives",
+            "all-gather,sendrecv",
+            "--world-sizes",
+            "2,3",
+        ])
+        .unwrap();
+        assert_eq!(
+            p.collectives,
+            vec![Collective::AllGather, Collective::SendRecv]
+        );
+        assert_eq!(p.world_sizes, Some(vec![2, 3]));
+        let err = plan(&["--collectives", "alltoall"]).unwrap_err();
+        assert!(err.contains("no alltoall"), "{err}");
+        let err = plan(&["--collectives", "gather"]).unwrap_err();
+        assert!(
+            err.contains("use all or one of") && !err.contains("alltoall"),
+            "{err}"
+        );
+        assert!(plan(&["-d", "half8"]).is_err());
+        assert!(plan(&["--world-sizes", "0"]).is_err());
+        assert!(plan(&["-n", "0"]).is_err());
+    }
+
+    #[test]
+    fn presets_and_overrides() {
+        let p = plan(&["--preset", "profiler"]).unwrap();
+        assert_eq!(p.sizes, vec![4 << 20, 16 << 20, 64 << 20]);
+        assert_eq!(p.collectives.len(), 3);
+        let p = plan(&["--preset", "allreduce-sweep"]).unwrap();
+        assert_eq!(
+            p.sizes,
+            vec![1_000_000, 10_000_000, 100_000_000, 1_000_000_000]
+        );
+        assert_eq!(p.world_sizes, Some(vec![2, 4, 6]));
+        assert!(p.in_place && !p.out_of_place);
+        let p = plan(&["--preset", "cpu-vs-nccl"]).unwrap();
+        assert_eq!(p.sizes, vec![100_000_000]);
+        assert_eq!(p.backends, vec![BackendChoice::Cpu, BackendChoice::Nccl]);
+        // Explicit flags win over the preset.
+        let p = plan(&[
+            "--preset",
+            "allreduce-sweep",
+            "-e",
+            "10MB",
+            "--world-sizes",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!(p.sizes, vec![1_000_000, 10_000_000]);
+        assert_eq!(p.world_sizes, Some(vec![2]));
+    }
+}

@@ -1,0 +1,720 @@
+//! `comm-bench report`: result files from any machines (a laptop's CPU run beside a cluster's GPU
+//! run, as the course compares them) → PNG and SVG plots, markdown tables and observations
+//! computed from the numbers.
+//!
+//! Per collective: median time vs size and busbw vs size (log axes), one line per backend and
+//! world size; the median time of each at the size nearest 100 MB; a table of every row; and a few
+//! sentences: where bandwidth saturates, how it scales with ranks, how the backends compare.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::plan::SUPPORTED;
+use crate::record::{self, Row};
+use crate::units::human_bytes;
+
+/// Two sizes count as the same point when they differ by less than this (all_gather rounds the
+/// size to whole elements per rank, so 2 and 3 ranks measure 524288 and 524280 bytes).
+const SAME_SIZE: f64 = 0.01;
+
+fn same_size(a: u64, b: u64) -> bool {
+    (a as f64 - b as f64).abs() <= SAME_SIZE * a.max(b) as f64
+}
+
+/// The size the backend comparison is made at, as in the course (100 MB all-reduce).
+pub const COMPARE_BYTES: f64 = 1e8;
+const WIDTH: u32 = 960;
+const HEIGHT: u32 = 600;
+
+/// What a report wrote and concluded.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub files: Vec<PathBuf>,
+    pub observations: Vec<String>,
+}
+
+/// One line of a plot: the rows of one backend, world size (and type, reduction, placement).
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub label: String,
+    pub backend: String,
+    pub world_size: usize,
+    /// One row per size, sorted by size.
+    pub points: Vec<Row>,
+}
+
+fn register_fonts() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // The font is compiled in (ttf-noto-sans): no system fonts, fontconfig or freetype needed.
+        let _ =
+            plotters::style::register_font("sans-serif", FontStyle::Normal, ttf_noto_sans::REGULAR);
+    });
+}
+
+fn median_row(mut rows: Vec<Row>) -> Row {
+    rows.sort_by(|a, b| a.time_us_median.total_cmp(&b.time_us_median));
+    rows.swap_remove((rows.len() - 1) / 2)
+}
+
+/// The series of one collective's rows. Each series is one placement: out-of-place where it was
+/// measured (nccl-tests' headline), else in-place. The same point measured by several files is
+/// shown by the row with the median time.
+pub fn series(rows: &[&Row]) -> Vec<Series> {
+    let differ = |f: fn(&Row) -> &str| {
+        rows.iter()
+            .map(|r| f(r))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            > 1
+    };
+    let (many_dtypes, many_ops) = (differ(|r| &r.dtype), differ(|r| &r.redop));
+    let mut groups: BTreeMap<(String, usize, usize, String, String), Vec<&Row>> = BTreeMap::new();
+    for r in rows {
+        let key = (
+            r.backend.clone(),
+            r.world_size,
+            r.nodes,
+            r.dtype.clone(),
+            r.redop.clone(),
+        );
+        groups.entry(key).or_default().push(r);
+    }
+    let mut out = Vec::new();
+    for ((backend, world_size, nodes, dtype, redop), group) in groups {
+        let placement = if group.iter().any(|r| r.placement == "out-of-place") {
+            "out-of-place"
+        } else {
+            "in-place"
+        };
+        let mut by_size: BTreeMap<u64, Vec<Row>> = BTreeMap::new();
+        for r in group.into_iter().filter(|r| r.placement == placement) {
+            by_size.entry(r.bytes).or_default().push(r.clone());
+        }
+        let mut label = format!("{backend}, {world_size} ranks");
+        if nodes > 1 {
+            let _ = write!(label, " on {nodes} nodes");
+        }
+        if many_dtypes {
+            let _ = write!(label, ", {dtype}");
+        }
+        if many_ops {
+            let _ = write!(label, ", {redop}");
+        }
+        let _ = write!(label, " ({placement})");
+        out.push(Series {
+            label,
+            backend,
+            world_size,
+            points: by_size.into_values().map(median_row).collect(),
+        });
+    }
+    out
+}
+
+/// Reads `files`, writes plots and report.md into `out`, and returns what it wrote and observed.
+pub fn report(files: &[PathBuf], out: &Path) -> Result<Report, String> {
+    let mut rows = Vec::new();
+    let mut sources = Vec::new();
+    for f in files {
+        let read = record::read(f)?;
+        sources.push(format!("`{}` ({} rows)", f.display(), read.len()));
+        rows.extend(read);
+    }
+    if rows.is_empty() {
+        return Err("the files hold no rows: nothing to report".into());
+    }
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    register_fonts();
+    let mut report = Report::default();
+    let mut md = String::from("# comm-bench report\n\n");
+    let _ = writeln!(md, "From {}.\n", sources.join(", "));
+    md.push_str(&machines_table(&rows));
+    md.push_str(
+        "\nTime: median over iterations of the slowest rank's time. algbw = size / time; busbw = \
+         algbw × 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter), 1 (broadcast, \
+         reduce, sendrecv). Plots show out-of-place results where they were measured, else \
+         in-place.\n",
+    );
+
+    let mut names: Vec<String> = SUPPORTED.iter().map(|c| c.name().to_string()).collect();
+    for r in &rows {
+        if !names.contains(&r.collective) {
+            names.push(r.collective.clone());
+        }
+    }
+    for name in names {
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.collective == name).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let series = series(&mine);
+        let _ = writeln!(md, "\n## {name}\n");
+        for (what, file) in plots(&name, &series, out, &mut report.files)? {
+            let _ = writeln!(md, "![{what}]({file})");
+        }
+        let observations = observe(&name, &series);
+        if !observations.is_empty() {
+            md.push_str("\nObservations:\n\n");
+            for o in &observations {
+                let _ = writeln!(md, "- {o}");
+            }
+        }
+        report.observations.extend(observations);
+        md.push('\n');
+        md.push_str(&rows_table(&mine));
+    }
+    let path = out.join("report.md");
+    std::fs::write(&path, md).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    report.files.push(path);
+    Ok(report)
+}
+
+fn machines_table(rows: &[Row]) -> String {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut t = String::from(
+        "| backend | version | machine | host | comm-bench | started |\n| --- | --- | --- | --- | --- | --- |\n",
+    );
+    for r in rows {
+        let line = format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            r.backend, r.backend_version, r.machine, r.host, r.comm_bench_version, r.started
+        );
+        if seen.insert(line.clone()) {
+            t.push_str(&line);
+        }
+    }
+    t
+}
+
+fn rows_table(rows: &[&Row]) -> String {
+    let mut sorted: Vec<&Row> = rows.to_vec();
+    sorted.sort_by(|a, b| {
+        (
+            &a.backend,
+            a.world_size,
+            &a.dtype,
+            &a.redop,
+            a.bytes,
+            &b.placement,
+        )
+            .cmp(&(
+                &b.backend,
+                b.world_size,
+                &b.dtype,
+                &b.redop,
+                b.bytes,
+                &a.placement,
+            ))
+    });
+    let mut t = String::from(
+        "| backend | ranks | size | type | redop | placement | median ms | min ms | max ms | algbw GB/s | busbw GB/s | #wrong |\n\
+         | --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for r in sorted {
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.2} | {:.2} | {} |",
+            r.backend,
+            r.world_size,
+            human_bytes(r.bytes as f64),
+            r.dtype,
+            r.redop,
+            r.placement,
+            r.time_us_median / 1e3,
+            r.time_us_min / 1e3,
+            r.time_us_max / 1e3,
+            r.algbw_gbps,
+            r.busbw_gbps,
+            r.wrong.map_or("N/A".into(), |w| w.to_string())
+        );
+    }
+    t
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    format!("drawing a plot: {e}")
+}
+
+/// A plot's data: lines of (x, y) points.
+struct Lines<'a> {
+    title: String,
+    y_desc: &'a str,
+    lines: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+/// The point nearest [`COMPARE_BYTES`] in a series, if one lies within a factor of 2.
+pub fn near_100mb(s: &Series) -> Option<&Row> {
+    s.points
+        .iter()
+        .map(|r| (r, (r.bytes as f64 / COMPARE_BYTES).log2().abs()))
+        .filter(|(_, d)| *d <= 1.0)
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(r, _)| r)
+}
+
+/// Draws the collective's plots as PNG and SVG; returns (alt text, file name) of each PNG.
+fn plots(
+    name: &str,
+    series: &[Series],
+    out: &Path,
+    written: &mut Vec<PathBuf>,
+) -> Result<Vec<(String, String)>, String> {
+    let mut shown = Vec::new();
+    let line_plots = [
+        (
+            "time",
+            Lines {
+                title: format!("{name}: median time vs size"),
+                y_desc: "time (us)",
+                lines: series
+                    .iter()
+                    .map(|s| {
+                        let p = s.points.iter().map(|r| (r.bytes as f64, r.time_us_median));
+                        (s.label.clone(), p.collect())
+                    })
+                    .collect(),
+            },
+        ),
+        (
+            "busbw",
+            Lines {
+                title: format!("{name}: bus bandwidth vs size"),
+                y_desc: "busbw (GB/s)",
+                lines: series
+                    .iter()
+                    .map(|s| {
+                        let p = s.points.iter().map(|r| (r.bytes as f64, r.busbw_gbps));
+                        (s.label.clone(), p.collect())
+                    })
+                    .collect(),
+            },
+        ),
+    ];
+    for (kind, plot) in &line_plots {
+        let stem = format!("{name}-{kind}");
+        let png = out.join(format!("{stem}.png"));
+        let svg = out.join(format!("{stem}.svg"));
+        draw_lines(
+            BitMapBackend::new(&png, (WIDTH, HEIGHT)).into_drawing_area(),
+            plot,
+        )?;
+        draw_lines(
+            SVGBackend::new(&svg, (WIDTH, HEIGHT)).into_drawing_area(),
+            plot,
+        )?;
+        written.extend([png, svg]);
+        shown.push((plot.title.clone(), format!("{stem}.png")));
+    }
+    let bars: Vec<(String, f64, u64)> = series
+        .iter()
+        .filter_map(|s| {
+            near_100mb(s).map(|r| {
+                (
+                    format!("{} {}r", s.backend, s.world_size),
+                    r.time_us_median / 1e3,
+                    r.bytes,
+                )
+            })
+        })
+        .collect();
+    if !bars.is_empty() {
+        let stem = format!("{name}-100MB");
+        let title = format!("{name} at 100 MB: median time by backend and ranks");
+        let png = out.join(format!("{stem}.png"));
+        let svg = out.join(format!("{stem}.svg"));
+        draw_bars(
+            BitMapBackend::new(&png, (WIDTH, HEIGHT)).into_drawing_area(),
+            &title,
+            &bars,
+        )?;
+        draw_bars(
+            SVGBackend::new(&svg, (WIDTH, HEIGHT)).into_drawing_area(),
+            &title,
+            &bars,
+        )?;
+        written.extend([png, svg]);
+        shown.push((title, format!("{stem}.png")));
+    }
+    Ok(shown)
+}
+
+/// Decade bounds around positive values, for a log axis.
+fn decades(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values
+        .filter(|v| *v > 0.0 && v.is_finite())
+        .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if lo > hi {
+        return (1.0, 10.0);
+    }
+    let lo = 10f64.powf(lo.log10().floor());
+    let hi = 10f64.powf(hi.log10().ceil());
+    (lo, if hi > lo { hi } else { lo * 10.0 })
+}
+
+/// An axis label: `1000`, `2.5`, `0.01`.
+fn number(v: f64) -> String {
+    if v >= 1.0 || v <= 0.0 {
+        return crate::units::trim(format!("{v:.2}"));
+    }
+    let decimals = (-v.log10()).ceil() as usize + 1;
+    crate::units::trim(format!("{v:.decimals$}"))
+}
+
+fn color(i: usize) -> RGBColor {
+    const COLORS: [RGBColor; 8] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(127, 127, 127),
+    ];
+    COLORS[i % COLORS.len()]
+}
+
+fn draw_lines<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, plot: &Lines) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(err)?;
+    let points = || plot.lines.iter().flat_map(|(_, p)| p.iter());
+    let (x0, x1) = decades(points().map(|p| p.0));
+    let (y0, y1) = decades(points().map(|p| p.1));
+    let mut chart = ChartBuilder::on(&root)
+        .caption(&plot.title, ("sans-serif", 24))
+        .margin(16)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("size (bytes, log)")
+        .y_desc(format!("{} (log)", plot.y_desc))
+        .x_label_formatter(&|v| human_bytes(*v))
+        .y_label_formatter(&|v| number(*v))
+        .label_style(("sans-serif", 15))
+        .draw()
+        .map_err(err)?;
+    for (i, (label, pts)) in plot.lines.iter().enumerate() {
+        let style = color(i).stroke_width(2);
+        let pts: Vec<(f64, f64)> = pts.iter().copied().filter(|p| p.1 > 0.0).collect();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), style))
+            .map_err(err)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color(i).filled())))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .label_font(("sans-serif", 15))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
+}
+
+fn draw_bars<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    title: &str,
+    bars: &[(String, f64, u64)],
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(err)?;
+    let (y0, y1) = decades(bars.iter().map(|b| b.1));
+    let labels: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 24))
+        .margin(16)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d((0..bars.len()).into_segmented(), (y0..y1).log_scale())
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(bars.len().max(2))
+        .x_label_formatter(&|v| match v {
+            SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
+            _ => String::new(),
+        })
+        .y_desc("median time (ms, log)")
+        .y_label_formatter(&|v| number(*v))
+        .label_style(("sans-serif", 15))
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(bars.iter().enumerate().map(|(i, b)| {
+            let mut bar = Rectangle::new(
+                [
+                    (SegmentValue::Exact(i), y0),
+                    (SegmentValue::Exact(i + 1), b.1),
+                ],
+                color(i).filled(),
+            );
+            bar.set_margin(0, 0, 12, 12);
+            bar
+        }))
+        .map_err(err)?;
+    chart
+        .draw_series(bars.iter().enumerate().map(|(i, b)| {
+            Text::new(
+                format!("{:.2} ms ({})", b.1, human_bytes(b.2 as f64)),
+                (SegmentValue::CenterOf(i), b.1 * 1.08),
+                ("sans-serif", 15).into_font().color(&BLACK),
+            )
+        }))
+        .map_err(err)?;
+    root.present().map_err(err)
+}
+
+fn ms(us: f64) -> String {
+    let ms = us / 1e3;
+    if ms >= 100.0 {
+        format!("{ms:.0} ms")
+    } else if ms >= 1.0 {
+        format!("{ms:.2} ms")
+    } else {
+        format!("{:.1} us", us)
+    }
+}
+
+/// A few sentences computed from the numbers.
+pub fn observe(name: &str, series: &[Series]) -> Vec<String> {
+    let mut out = Vec::new();
+    let sized = |b: u64| human_bytes(b as f64);
+    // Where bandwidth saturates, per series.
+    for s in series.iter().filter(|s| s.points.len() >= 3) {
+        let peak = s
+            .points
+            .iter()
+            .max_by(|a, b| a.busbw_gbps.total_cmp(&b.busbw_gbps))
+            .expect("points");
+        if peak.busbw_gbps <= 0.0 {
+            continue;
+        }
+        let first = s
+            .points
+            .iter()
+            .find(|r| r.busbw_gbps >= 0.9 * peak.busbw_gbps)
+            .expect("the peak itself");
+        let last = s.points.last().expect("points");
+        let smallest = &s.points[0];
+        let text = if first.bytes == last.bytes {
+            format!(
+                "{name}, {}: busbw is still rising at the largest size measured ({} at {}): not saturated yet; try a larger -e.",
+                s.label,
+                gbps(last.busbw_gbps),
+                sized(last.bytes)
+            )
+        } else if last.busbw_gbps < 0.9 * peak.busbw_gbps {
+            format!(
+                "{name}, {}: busbw peaks at {} ({}) and falls to {} at {}: past the peak something else limits it (caches, memory, scheduling).",
+                s.label,
+                sized(peak.bytes),
+                gbps(peak.busbw_gbps),
+                gbps(last.busbw_gbps),
+                sized(last.bytes)
+            )
+        } else {
+            format!(
+                "{name}, {}: busbw saturates from {} on, within 10% of its peak {} (at {}); the smallest size ({}) takes {}, the latency floor.",
+                s.label,
+                sized(first.bytes),
+                gbps(peak.busbw_gbps),
+                sized(peak.bytes),
+                sized(smallest.bytes),
+                ms(smallest.time_us_median)
+            )
+        };
+        out.push(text);
+    }
+    // How it scales with ranks, per backend, at the largest size every world size measured.
+    let mut by_backend: BTreeMap<&str, Vec<&Series>> = BTreeMap::new();
+    for s in series {
+        by_backend.entry(&s.backend).or_default().push(s);
+    }
+    for (backend, list) in &by_backend {
+        let mut sizes: Vec<usize> = list.iter().map(|s| s.world_size).collect();
+        sizes.sort();
+        sizes.dedup();
+        if sizes.len() < 2 || list.len() != sizes.len() {
+            continue; // several types or reductions per world size: no single line to compare
+        }
+        let common = list[0]
+            .points
+            .iter()
+            .map(|r| r.bytes)
+            .filter(|&b| {
+                list.iter()
+                    .all(|s| s.points.iter().any(|r| same_size(r.bytes, b)))
+            })
+            .max();
+        let Some(bytes) = common else { continue };
+        let mut at: Vec<&Row> = list
+            .iter()
+            .filter_map(|s| s.points.iter().find(|r| same_size(r.bytes, bytes)))
+            .collect();
+        at.sort_by_key(|r| r.world_size);
+        let (lo, hi) = (at[0], at[at.len() - 1]);
+        let join =
+            |f: &dyn Fn(&Row) -> String| at.iter().map(|r| f(r)).collect::<Vec<_>>().join(" → ");
+        let change = hi.busbw_gbps / lo.busbw_gbps - 1.0;
+        let verdict = if !change.is_finite() {
+            String::new()
+        } else if change.abs() <= 0.15 {
+            "busbw holds within 15%: time grows as the bus model predicts for more ranks".into()
+        } else if change < 0.0 {
+            format!(
+                "busbw falls {:.0}%: the ranks share something that does not grow with them (cores, memory bandwidth, a link)",
+                -change * 100.0
+            )
+        } else {
+            format!("busbw rises {:.0}% with more ranks", change * 100.0)
+        };
+        out.push(format!(
+            "{name} on {backend} at {}, {} ranks: time {}, busbw {}{}{verdict}.",
+            sized(bytes),
+            join(&|r| r.world_size.to_string()),
+            join(&|r| ms(r.time_us_median)),
+            join(&|r| gbps(r.busbw_gbps)),
+            if verdict.is_empty() { "" } else { "; " },
+        ));
+    }
+    // The backends side by side near 100 MB, per world size.
+    let mut by_ws: BTreeMap<usize, Vec<(&Series, &Row)>> = BTreeMap::new();
+    for s in series {
+        if let Some(r) = near_100mb(s) {
+            by_ws.entry(s.world_size).or_default().push((s, r));
+        }
+    }
+    for (ws, mut list) in by_ws {
+        let backends: std::collections::BTreeSet<&str> =
+            list.iter().map(|(s, _)| s.backend.as_str()).collect();
+        if backends.len() < 2 {
+            continue;
+        }
+        list.sort_by(|a, b| a.1.time_us_median.total_cmp(&b.1.time_us_median));
+        let (fast, slow) = (list[0], list[list.len() - 1]);
+        out.push(format!(
+            "{name} near 100 MB on {ws} ranks: {} takes {} ({} busbw), {} takes {} ({} busbw): {} is {:.1}x faster.",
+            fast.0.backend,
+            ms(fast.1.time_us_median),
+            gbps(fast.1.busbw_gbps),
+            slow.0.backend,
+            ms(slow.1.time_us_median),
+            gbps(slow.1.busbw_gbps),
+            fast.0.backend,
+            slow.1.time_us_median / fast.1.time_us_median
+        ));
+    }
+    out
+}
+
+fn gbps(v: f64) -> String {
+    format!("{v:.2} GB/s")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::sample_row;
+
+    fn row(backend: &str, ws: usize, bytes: u64, us: f64, busbw: f64) -> Row {
+        Row {
+            backend: backend.into(),
+            world_size: ws,
+            bytes,
+            time_us_median: us,
+            busbw_gbps: busbw,
+            ..sample_row()
+        }
+    }
+
+    #[test]
+    fn saturation_scaling_and_comparison() {
+        let rows = [
+            row("cpu", 2, 1_000_000, 1800.0, 0.55),
+            row("cpu", 2, 10_000_000, 12_000.0, 0.83),
+            row("cpu", 2, 100_000_000, 115_000.0, 0.87),
+            row("cpu", 4, 1_000_000, 3000.0, 0.5),
+            row("cpu", 4, 10_000_000, 22_000.0, 0.68),
+            row("cpu", 4, 100_000_000, 198_000.0, 0.76),
+            row("nccl", 2, 1_000_000, 30.0, 33.0),
+            row("nccl", 2, 10_000_000, 80.0, 125.0),
+            row("nccl", 2, 100_000_000, 600.0, 166.0),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let s = series(&refs);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[0].label, "cpu, 2 ranks (out-of-place)");
+        let o = observe("all_reduce", &s);
+        let all = o.join("\n");
+        assert!(
+            all.contains("cpu, 2 ranks (out-of-place): busbw saturates from 10 MB on"),
+            "{all}"
+        );
+        assert!(
+            all.contains("on cpu at 100 MB, 2 → 4 ranks: time 115 ms → 198 ms"),
+            "{all}"
+        );
+        assert!(all.contains("busbw holds within 15%"), "{all}");
+        assert!(all.contains("nccl takes 600.0 us"), "{all}");
+        assert!(all.contains("191.7x faster"), "{all}");
+    }
+
+    #[test]
+    fn duplicates_show_the_median_run() {
+        let rows = [
+            row("cpu", 2, 1000, 5.0, 1.0),
+            row("cpu", 2, 1000, 9.0, 1.0),
+            row("cpu", 2, 1000, 7.0, 1.0),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let s = series(&refs);
+        assert_eq!(s[0].points.len(), 1);
+        assert_eq!(s[0].points[0].time_us_median, 7.0);
+    }
+
+    #[test]
+    fn peaks_and_near_sizes() {
+        let rows = [
+            row("cpu", 2, 1024, 10.0, 0.1),
+            row("cpu", 2, 65536, 50.0, 1.0),
+            row("cpu", 2, 524288, 900.0, 0.5),
+            row("cpu", 3, 1020, 10.0, 0.1),
+            row("cpu", 3, 524280, 900.0, 0.5),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let all = observe("all_gather", &series(&refs)).join("\n");
+        assert!(
+            all.contains("busbw peaks at 64 KiB (1.00 GB/s) and falls to 0.50 GB/s"),
+            "{all}"
+        );
+        assert!(all.contains("at 512 KiB, 2 → 3 ranks"), "{all}");
+        assert_eq!(number(0.01), "0.01");
+        assert_eq!(number(1000.0), "1000");
+        assert_eq!(number(2.5), "2.5");
+    }
+
+    #[test]
+    fn decade_bounds() {
+        assert_eq!(decades([3.0, 250.0].into_iter()), (1.0, 1000.0));
+        assert_eq!(decades([0.0, -1.0].into_iter()), (1.0, 10.0));
+        assert_eq!(decades([100.0].into_iter()), (100.0, 1000.0));
+    }
+}

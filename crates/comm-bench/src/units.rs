@@ -1,0 +1,172 @@
+//! Sizes as people write them (`-b 1M`, `--maxbytes 1GB`) and as tables show them.
+
+/// Parses a byte count: a whole number with an optional suffix. As in nccl-tests, `K`, `M`, `G`
+/// and `T` are powers of 1024 (`1M` = 1048576); `KB`, `MB`, `GB` and `TB` are powers of 1000, as
+/// the course writes its sizes (`100MB` = 100000000); `KiB`, `MiB`, `GiB` and `TiB` are powers of
+/// 1024 again. Letters are case-insensitive except for that `B`/`iB` distinction.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, suffix) = t.split_at(digits);
+    let bad = || {
+        format!("{text:?} is not a size: write bytes as a whole number with K, M, G (x1024) or KB, MB, GB (x1000), e.g. 64M or 100MB")
+    };
+    let value: u64 = number.parse().map_err(|_| bad())?;
+    let (letter, unit) = suffix.split_at(suffix.len().min(1));
+    let power = match letter.to_ascii_uppercase().as_str() {
+        "" => 0,
+        "K" => 1,
+        "M" => 2,
+        "G" => 3,
+        "T" => 4,
+        "B" if unit.is_empty() => 0,
+        _ => return Err(bad()),
+    };
+    let base: u64 = match unit {
+        "" | "iB" | "ib" | "IB" => 1024,
+        "B" | "b" => 1000,
+        _ => return Err(bad()),
+    };
+    value
+        .checked_mul(base.pow(power))
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// How sizes grow from `-b` to `-e`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Step {
+    /// `-f`: multiply by this factor.
+    Factor(u64),
+    /// `-i`: add this many bytes.
+    Bytes(u64),
+}
+
+/// The sizes of a sweep: `min`, then stepped, up to and including `max`.
+pub fn sweep(min: u64, max: u64, step: Step) -> Result<Vec<u64>, String> {
+    if min == 0 {
+        return Err("-b/--minbytes must be at least 1 byte".into());
+    }
+    if min > max {
+        return Err(format!(
+            "-b/--minbytes ({min}) is larger than -e/--maxbytes ({max})"
+        ));
+    }
+    let mut sizes = vec![min];
+    let mut size = min;
+    loop {
+        size = match step {
+            Step::Factor(f) if f >= 2 => size.saturating_mul(f),
+            Step::Factor(f) => return Err(format!("-f/--stepfactor {f}: use 2 or more")),
+            Step::Bytes(0) => return Err("-i/--stepbytes 0: use 1 or more".into()),
+            Step::Bytes(i) => size.saturating_add(i),
+        };
+        if size > max {
+            return Ok(sizes);
+        }
+        sizes.push(size);
+        if sizes.len() > 10_000 {
+            return Err(format!(
+                "{min} to {max} bytes with that step makes more than 10000 sizes: use a larger -f or -i"
+            ));
+        }
+    }
+}
+
+/// A size for labels: `1 MB` for 10^6 multiples, `4 MiB` for 2^20 ones, else bytes.
+pub fn human_bytes(bytes: f64) -> String {
+    if bytes <= 0.0 || !bytes.is_finite() {
+        return format!("{bytes}");
+    }
+    let units = [
+        (1e12, "TB"),
+        (1e9, "GB"),
+        (1e6, "MB"),
+        (1e3, "KB"),
+        (1099511627776.0, "TiB"),
+        (1073741824.0, "GiB"),
+        (1048576.0, "MiB"),
+        (1024.0, "KiB"),
+    ];
+    // An exact multiple of a unit reads best; otherwise the decimal unit, rounded.
+    for (size, name) in units {
+        let n = bytes / size;
+        if n >= 1.0 && (n - n.round()).abs() < 1e-9 {
+            return format!("{} {name}", n.round());
+        }
+    }
+    for (size, name) in &units[..4] {
+        if bytes >= *size {
+            return format!("{} {name}", trim(format!("{:.3}", bytes / size)));
+        }
+    }
+    format!("{bytes} B")
+}
+
+/// `1.500` → `1.5`, `2.000` → `2`.
+pub fn trim(number: String) -> String {
+    if number.contains('.') {
+        number
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .to_string()
+    } else {
+        number
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_as_nccl_tests_and_the_course_write_them() {
+        assert_eq!(parse_bytes("1024").unwrap(), 1024);
+        assert_eq!(parse_bytes("8").unwrap(), 8);
+        assert_eq!(parse_bytes("1K").unwrap(), 1024);
+        assert_eq!(parse_bytes("1k").unwrap(), 1024);
+        assert_eq!(parse_bytes("32M").unwrap(), 32 << 20);
+        assert_eq!(parse_bytes("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_bytes("1MiB").unwrap(), 1 << 20);
+        assert_eq!(parse_bytes("100MB").unwrap(), 100_000_000);
+        assert_eq!(parse_bytes("1GB").unwrap(), 1_000_000_000);
+        assert_eq!(parse_bytes("1gb").unwrap(), 1_000_000_000);
+        assert_eq!(parse_bytes("5B").unwrap(), 5);
+        for bad in ["", "M", "1.5M", "1X", "1MX", "-1", "1 M"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
+        assert!(parse_bytes("99999999999T")
+            .unwrap_err()
+            .contains("too large"));
+    }
+
+    #[test]
+    fn sweeps() {
+        assert_eq!(
+            sweep(1_000_000, 1_000_000_000, Step::Factor(10)).unwrap(),
+            vec![1_000_000, 10_000_000, 100_000_000, 1_000_000_000]
+        );
+        assert_eq!(
+            sweep(4 << 20, 64 << 20, Step::Factor(4)).unwrap(),
+            vec![4 << 20, 16 << 20, 64 << 20]
+        );
+        assert_eq!(sweep(1, 10, Step::Bytes(4)).unwrap(), vec![1, 5, 9]);
+        assert_eq!(sweep(7, 7, Step::Factor(2)).unwrap(), vec![7]);
+        assert!(sweep(8, 4, Step::Factor(2)).is_err());
+        assert!(sweep(8, 64, Step::Factor(1)).is_err());
+        assert!(sweep(8, 64, Step::Bytes(0)).is_err());
+        assert!(sweep(0, 64, Step::Factor(2)).is_err());
+        assert!(sweep(1, 1 << 40, Step::Bytes(1)).is_err());
+    }
+
+    #[test]
+    fn labels() {
+        assert_eq!(human_bytes(1e6), "1 MB");
+        assert_eq!(human_bytes(1e9), "1 GB");
+        assert_eq!(human_bytes(4194304.0), "4 MiB");
+        assert_eq!(human_bytes(1024.0), "1 KiB");
+        assert_eq!(human_bytes(1048560.0), "1.049 MB");
+        assert_eq!(human_bytes(524280.0), "524.28 KB");
+        assert_eq!(trim("10.0".into()), "10");
+        assert_eq!(human_bytes(8.0), "8 B");
+    }
+}

@@ -1,0 +1,404 @@
+//! comm-bench run as a user runs it: sweeps on the CPU backend with 2 and 3 ranks, a corrupted
+//! result caught by the check, ranks started by a launcher, and `report` on a fixed CSV.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use comm_bench::record::{self, Row};
+use comm_core::timing::Collective;
+
+/// A launcher's variables, removed so that comm-bench starts its own ranks.
+const LAUNCHER_VARS: [&str; 10] = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_PROCID",
+    "SLURM_STEP_ID",
+    "SLURM_NTASKS",
+];
+
+fn comm_bench() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_comm-bench"));
+    for v in LAUNCHER_VARS {
+        c.env_remove(v);
+    }
+    c
+}
+
+fn run(args: &[&str]) -> (Output, String, String) {
+    let out = comm_bench().args(args).output().expect("comm-bench runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stdout, stderr)
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("comm-bench-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Table lines (not comments) of stdout.
+fn lines(stdout: &str) -> Vec<&str> {
+    stdout
+        .lines()
+        .filter(|l| {
+            l.starts_with(' ') && l.trim().chars().next().is_some_and(|c| c.is_ascii_digit())
+        })
+        .collect()
+}
+
+#[test]
+fn quick_sweep_on_two_and_three_ranks() {
+    let dir = scratch("sweep");
+    let (csv, json) = (dir.join("r.csv"), dir.join("r.json"));
+    let (out, stdout, stderr) = run(&[
+        "--backend",
+        "cpu",
+        "--world-sizes",
+        "2,3",
+        "--collectives",
+        "all",
+        "-b",
+        "1K",
+        "-e",
+        "256K",
+        "-f",
+        "16",
+        "-n",
+        "3",
+        "-w",
+        "1",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for ws in [2, 3] {
+        for c in [
+            "all_reduce",
+            "all_gather",
+            "reduce_scatter",
+            "broadcast",
+            "reduce",
+            "sendrecv",
+        ] {
+            assert!(
+                stdout.contains(&format!(
+                    "# comm-bench {}: {c} on {ws} ranks (1 node), backend cpu",
+                    env!("CARGO_PKG_VERSION")
+                )),
+                "{c} {ws}\n{stdout}"
+            );
+        }
+    }
+    assert!(stdout.contains("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"));
+    assert_eq!(
+        stdout.matches("# Avg bus bandwidth    : ").count(),
+        12,
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout.matches("# Wrong elements       : 0 OK").count(),
+        12,
+        "{stdout}"
+    );
+    // 6 collectives x 3 sizes x 2 world sizes.
+    let table = lines(&stdout);
+    assert_eq!(table.len(), 36, "{stdout}");
+    // all_gather on 3 ranks: 1K rounds down to 85 floats per rank, 255 in all.
+    assert!(
+        table
+            .iter()
+            .any(|l| l.starts_with("        1020           255     float    none      -1")),
+        "{stdout}"
+    );
+
+    let rows = record::read(&csv).unwrap();
+    assert_eq!(rows, record::read(&json).unwrap());
+    // 5 collectives with both placements, sendrecv out-of-place only: 33 rows per world size.
+    assert_eq!(rows.len(), 66);
+    for r in &rows {
+        assert_eq!(r.wrong, Some(0), "{r:?}");
+        assert_eq!(
+            (r.backend.as_str(), r.nodes, r.iters, r.warmup),
+            ("cpu", 1, 3, 1)
+        );
+        assert!(
+            r.time_us_min <= r.time_us_median && r.time_us_median <= r.time_us_max,
+            "{r:?}"
+        );
+        let c: Collective = r.collective.parse().unwrap();
+        let algbw = r.bytes as f64 / (r.time_us_median * 1e-6) / 1e9;
+        assert!(
+            (r.algbw_gbps - algbw).abs() <= 1e-9 * algbw.max(1.0),
+            "{r:?}"
+        );
+        let busbw = algbw * c.bus_factor(r.world_size);
+        assert!(
+            (r.busbw_gbps - busbw).abs() <= 1e-9 * busbw.max(1.0),
+            "{r:?}"
+        );
+        assert!(r.machine.contains("cores") && !r.host.is_empty() && r.started.ends_with('Z'));
+    }
+    assert!(rows
+        .iter()
+        .any(|r| r.collective == "broadcast" && r.root == 0 && r.redop == "none"));
+    assert!(rows
+        .iter()
+        .all(|r| r.collective != "sendrecv" || r.placement == "out-of-place"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_corrupted_result_is_counted_and_fails_the_run() {
+    let (out, stdout, stderr) = run(&[
+        "--backend",
+        "cpu",
+        "--world-sizes",
+        "2",
+        "--collectives",
+        "all",
+        "-b",
+        "64K",
+        "-e",
+        "64K",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--inject-error",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    let table = lines(&stdout);
+    assert_eq!(table.len(), 6, "{stdout}");
+    for l in table {
+        // One element of one rank's result per placement: #wrong 1 (n/a where no in-place).
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        assert_eq!(cols[8], "1", "{l}");
+        assert!(cols[12] == "1" || cols[12] == "n/a", "{l}");
+    }
+    assert!(
+        stdout.contains("# Wrong elements       : 2 FAILED"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("11 wrong elements"), "{stderr}");
+}
+
+#[test]
+fn ranks_started_by_a_launcher_measure_together() {
+    // As torchrun or commrun would start them: one process per rank with torchrun's variables.
+    let port = comm_core::spawn::free_port().unwrap().to_string();
+    let dir = scratch("launcher");
+    let csv = dir.join("r.csv");
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            comm_bench()
+                .args([
+                    "--backend",
+                    "cpu,nccl",
+                    "-b",
+                    "1M",
+                    "-e",
+                    "1M",
+                    "-n",
+                    "2",
+                    "-w",
+                    "1",
+                ])
+                .args(["--timeout", "60"])
+                .args(["--world-sizes", "4", "--csv", csv.to_str().unwrap()])
+                .envs([
+                    ("RANK", rank.to_string()),
+                    ("LOCAL_RANK", rank.to_string()),
+                    ("WORLD_SIZE", "2".into()),
+                    ("LOCAL_WORLD_SIZE", "2".into()),
+                    ("MASTER_ADDR", "127.0.0.1".into()),
+                    ("MASTER_PORT", port.clone()),
+                ])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let rank0 = String::from_utf8_lossy(&outs[0].stdout);
+    let err0 = String::from_utf8_lossy(&outs[0].stderr);
+    for o in &outs {
+        assert!(
+            o.status.success(),
+            "{rank0}\n{err0}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    assert!(
+        rank0.contains("all_reduce on 2 ranks (1 node), backend cpu"),
+        "{rank0}"
+    );
+    assert_eq!(lines(&rank0).len(), 1, "{rank0}");
+    assert!(
+        err0.contains("--world-sizes applies only when comm-bench starts the ranks"),
+        "{err0}"
+    );
+    assert!(err0.contains("skipping --backend nccl"), "{err0}");
+    assert!(outs[1].stdout.is_empty(), "only rank 0 prints the table");
+    assert_eq!(record::read(&csv).unwrap().len(), 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn mistakes_are_explained() {
+    let (out, _, stderr) = run(&["--collectives", "alltoall"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr.contains("no alltoall"), "{stderr}");
+    let (out, _, stderr) = run(&["-b", "1M", "-e", "1K"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr.contains("larger than -e/--maxbytes"), "{stderr}");
+    let (out, _, stderr) = run(&["-b", "1.5M"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr.contains("is not a size"), "{stderr}");
+    let (out, stdout, _) = run(&["--help"]);
+    assert!(out.status.success());
+    for documented in [
+        "WHAT IS TIMED",
+        "slowest rank",
+        "2(n-1)/n",
+        "--inject-error",
+        "--preset",
+    ] {
+        assert!(stdout.contains(documented), "{documented}\n{stdout}");
+    }
+}
+
+fn decode_png(path: &Path) -> (u32, u32) {
+    let decoder = png::Decoder::new(std::fs::File::open(path).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let frame = reader.next_frame(&mut buf).unwrap();
+    // Not a blank canvas: some pixels are not white.
+    assert!(
+        buf[..frame.buffer_size()].iter().any(|&b| b < 200),
+        "{}",
+        path.display()
+    );
+    (frame.width, frame.height)
+}
+
+#[test]
+fn report_turns_a_laptop_and_a_cluster_run_into_plots_and_tables() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/laptop-and-cluster.csv");
+    let dir = scratch("report");
+    let (out, stdout, stderr) = run(&[
+        "report",
+        data.to_str().unwrap(),
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for stem in [
+        "all_reduce-time",
+        "all_reduce-busbw",
+        "all_reduce-100MB",
+        "all_gather-time",
+    ] {
+        assert_eq!(
+            decode_png(&dir.join(format!("{stem}.png"))),
+            (960, 600),
+            "{stem}"
+        );
+        let svg = std::fs::read_to_string(dir.join(format!("{stem}.svg"))).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+            "{stem}"
+        );
+        assert!(svg.contains("all_") && svg.contains("<text"), "{stem}");
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(
+        md.contains("| backend | ranks | size | type | redop | placement | median ms |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| nccl | 2 | 100 MB | float | sum | in-place | 0.700 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| NCCL 2.21.5 | NVIDIA A100-SXM-64GB |"),
+        "{md}"
+    );
+    assert!(
+        md.contains(
+            "![all_reduce at 100 MB: median time by backend and ranks](all_reduce-100MB.png)"
+        ),
+        "{md}"
+    );
+    // Observations computed from the numbers, in the report and on stdout.
+    for said in [
+        "all_reduce near 100 MB on 2 ranks: nccl takes 700.0 us (142.86 GB/s busbw), cpu takes 115 ms (0.87 GB/s busbw): nccl is 164.3x faster.",
+        "all_reduce on cpu at 100 MB, 2 → 4 ranks: time 115 ms → 198 ms, busbw 0.87 GB/s → 0.76 GB/s",
+        "all_reduce, cpu, 2 ranks (in-place): busbw saturates from 10 MB on",
+        "all_reduce, nccl, 2 ranks (in-place): busbw is still rising at the largest size measured (142.86 GB/s at 100 MB)",
+    ] {
+        assert!(md.contains(said), "{said}\n{md}");
+        assert!(stdout.contains(said), "{said}\n{stdout}");
+    }
+    let (out, _, stderr) = run(&["report", dir.join("nothing.csv").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.contains("nothing.csv"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn rows_of_a_run_are_what_the_table_shows() {
+    // The table line is built from the same rows the CSV keeps.
+    let dir = scratch("rows");
+    let csv = dir.join("r.csv");
+    let (out, stdout, stderr) = run(&[
+        "--backend",
+        "cpu",
+        "--world-sizes",
+        "2",
+        "-b",
+        "32K",
+        "-e",
+        "32K",
+        "-n",
+        "2",
+        "-w",
+        "0",
+        "-d",
+        "int32,double",
+        "-o",
+        "max",
+        "--placement",
+        "in-place",
+        "--csv",
+        csv.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let rows: Vec<Row> = record::read(&csv).unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        assert_eq!(
+            (r.redop.as_str(), r.placement.as_str()),
+            ("max", "in-place")
+        );
+        assert!(
+            stdout.contains(&comm_bench::table::line(std::slice::from_ref(r))),
+            "{stdout}"
+        );
+    }
+    assert_eq!((rows[0].dtype.as_str(), rows[0].count), ("int32", 8192));
+    assert_eq!((rows[1].dtype.as_str(), rows[1].count), ("double", 4096));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
