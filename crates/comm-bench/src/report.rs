@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::plan::SUPPORTED;
 use crate::record::{self, Row};
@@ -61,9 +62,9 @@ fn median_row(mut rows: Vec<Row>) -> Row {
     rows.swap_remove((rows.len() - 1) / 2)
 }
 
-/// The series of one collective's rows. Each series is one placement: out-of-place where it was
-/// measured (nccl-tests' headline), else in-place. The same point measured by several files is
-/// shown by the row with the median time.
+/// The series of one collective's rows. All series show one placement where they all measured
+/// it (out-of-place first, nccl-tests' headline), else each series its own (out-of-place where
+/// measured). The same point measured by several files is shown by the row with the median time.
 pub fn series(rows: &[&Row]) -> Vec<Series> {
     let differ = |f: fn(&Row) -> &str| {
         rows.iter()
@@ -84,13 +85,17 @@ pub fn series(rows: &[&Row]) -> Vec<Series> {
         );
         groups.entry(key).or_default().push(r);
     }
+    let everywhere = |p: &str| groups.values().all(|g| g.iter().any(|r| r.placement == p));
+    let common = ["out-of-place", "in-place"]
+        .into_iter()
+        .find(|p| everywhere(p));
     let mut out = Vec::new();
     for ((backend, world_size, nodes, dtype, redop), group) in groups {
-        let placement = if group.iter().any(|r| r.placement == "out-of-place") {
+        let placement = common.unwrap_or(if group.iter().any(|r| r.placement == "out-of-place") {
             "out-of-place"
         } else {
             "in-place"
-        };
+        });
         let mut by_size: BTreeMap<u64, Vec<Row>> = BTreeMap::new();
         for r in group.into_iter().filter(|r| r.placement == placement) {
             by_size.entry(r.bytes).or_default().push(r.clone());
@@ -175,18 +180,34 @@ pub fn report(files: &[PathBuf], out: &Path) -> Result<Report, String> {
 }
 
 fn machines_table(rows: &[Row]) -> String {
-    let mut seen = std::collections::BTreeSet::new();
-    let mut t = String::from(
-        "| backend | version | machine | host | comm-bench | started |\n| --- | --- | --- | --- | --- | --- |\n",
-    );
+    // Runs per machine, backend and versions, with when the first and last one started.
+    let mut runs: BTreeMap<[&str; 5], std::collections::BTreeSet<&str>> = BTreeMap::new();
     for r in rows {
-        let line = format!(
-            "| {} | {} | {} | {} | {} | {} |\n",
-            r.backend, r.backend_version, r.machine, r.host, r.comm_bench_version, r.started
+        let key = [
+            r.backend.as_str(),
+            &r.backend_version,
+            &r.machine,
+            &r.host,
+            &r.comm_bench_version,
+        ];
+        runs.entry(key).or_default().insert(&r.started);
+    }
+    let mut t = String::from(
+        "| backend | version | machine | host | comm-bench | runs | started |\n| --- | --- | --- | --- | --- | ---: | --- |\n",
+    );
+    for ([backend, version, machine, host, tool], started) in runs {
+        let first = started.first().copied().unwrap_or_default();
+        let last = started.last().copied().unwrap_or_default();
+        let when = if first == last {
+            first.to_string()
+        } else {
+            format!("{first} to {last}")
+        };
+        let _ = writeln!(
+            t,
+            "| {backend} | {version} | {machine} | {host} | {tool} | {} | {when} |",
+            started.len()
         );
-        if seen.insert(line.clone()) {
-            t.push_str(&line);
-        }
     }
     t
 }
@@ -270,11 +291,14 @@ fn plots(
             "time",
             Lines {
                 title: format!("{name}: median time vs size"),
-                y_desc: "time (us)",
+                y_desc: "time (ms)",
                 lines: series
                     .iter()
                     .map(|s| {
-                        let p = s.points.iter().map(|r| (r.bytes as f64, r.time_us_median));
+                        let p = s
+                            .points
+                            .iter()
+                            .map(|r| (r.bytes as f64, r.time_us_median / 1e3));
                         (s.label.clone(), p.collect())
                     })
                     .collect(),
@@ -315,7 +339,7 @@ fn plots(
         .filter_map(|s| {
             near_100mb(s).map(|r| {
                 (
-                    format!("{} {}r", s.backend, s.world_size),
+                    format!("{}, {} ranks", s.backend, s.world_size),
                     r.time_us_median / 1e3,
                     r.bytes,
                 )
@@ -442,7 +466,12 @@ where
         .margin(16)
         .x_label_area_size(50)
         .y_label_area_size(70)
-        .build_cartesian_2d((0..bars.len()).into_segmented(), (y0..y1).log_scale())
+        // An integer range's segments include its end: n bars take 0..n-1.
+        .build_cartesian_2d(
+            // (one bar gets an empty neighbour: a range 0..0 has no width)
+            (0..bars.len().max(2) - 1).into_segmented(),
+            (y0..y1).log_scale(),
+        )
         .map_err(err)?;
     chart
         .configure_mesh()
@@ -475,7 +504,10 @@ where
             Text::new(
                 format!("{:.2} ms ({})", b.1, human_bytes(b.2 as f64)),
                 (SegmentValue::CenterOf(i), b.1 * 1.08),
-                ("sans-serif", 15).into_font().color(&BLACK),
+                ("sans-serif", 15)
+                    .into_font()
+                    .color(&BLACK)
+                    .pos(Pos::new(HPos::Center, VPos::Bottom)),
             )
         }))
         .map_err(err)?;
@@ -709,6 +741,18 @@ mod tests {
         assert_eq!(number(0.01), "0.01");
         assert_eq!(number(1000.0), "1000");
         assert_eq!(number(2.5), "2.5");
+    }
+
+    #[test]
+    fn one_placement_for_all_series_where_possible() {
+        let mut rows = vec![row("cpu", 2, 1000, 5.0, 1.0), row("cpu", 4, 1000, 9.0, 1.0)];
+        rows[1].placement = "in-place".into();
+        let mut both = rows[0].clone();
+        both.placement = "in-place".into();
+        rows.push(both);
+        let refs: Vec<&Row> = rows.iter().collect();
+        let s = series(&refs);
+        assert!(s.iter().all(|s| s.label.ends_with("(in-place)")), "{s:?}");
     }
 
     #[test]
