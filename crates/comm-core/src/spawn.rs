@@ -214,18 +214,32 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
                 running[local_rank] = false;
                 let status = status.map_err(|e| CommError::io("waiting for a rank", e))?;
                 if !status.success() && matches!(outcome, Outcome::Success) {
-                    // Give the relay a moment to pass on the rank's last words.
+                    // Give the relay a moment to pass on the rank's last words, and the ranks
+                    // that failed because of this one (or this one because of them) time to
+                    // report: the order waiter threads report in is not the order ranks died.
                     std::thread::sleep(Duration::from_millis(50));
-                    let last_stderr = stderr_tails[local_rank]
-                        .lock()
-                        .unwrap()
-                        .iter()
-                        .cloned()
-                        .collect();
+                    let mut failed = vec![(local_rank, status)];
+                    while let Ok((other, status)) = exited.try_recv() {
+                        running[other] = false;
+                        match status {
+                            Ok(status) if !status.success() => failed.push((other, status)),
+                            _ => {}
+                        }
+                    }
+                    let tail = |local: usize| -> Vec<String> {
+                        stderr_tails[local]
+                            .lock()
+                            .unwrap()
+                            .iter()
+                            .cloned()
+                            .collect()
+                    };
+                    let (local_rank, status) =
+                        root_cause(&failed, plan.node_rank * plan.nproc_per_node, &tail);
                     outcome = Outcome::Failed(Failure {
                         rank: plan.node_rank * plan.nproc_per_node + local_rank,
                         status,
-                        last_stderr,
+                        last_stderr: tail(local_rank),
                     });
                     stop_all(&running, libc::SIGTERM);
                     kill_at = Some(Instant::now() + plan.grace);
@@ -255,6 +269,31 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
         }
     }
     Ok(outcome)
+}
+
+/// Among ranks that failed together, the one the others blame: a rank whose last words say
+/// "rank K closed its connection" failed because K did, so follow that to K when K failed too.
+fn root_cause(
+    failed: &[(usize, ExitStatus)],
+    first_rank: usize,
+    tail: &impl Fn(usize) -> Vec<String>,
+) -> (usize, ExitStatus) {
+    let mut current = 0;
+    for _ in 0..failed.len() {
+        let blamed = tail(failed[current].0).iter().rev().find_map(|line| {
+            // "error: rank 2: rank 1 closed its connection …" blames rank 1.
+            let before = &line[..line.find(" closed its connection")?];
+            let (head, number) = before.rsplit_once(' ')?;
+            head.ends_with("rank")
+                .then(|| number.parse::<usize>().ok())
+                .flatten()
+        });
+        match blamed.and_then(|rank| failed.iter().position(|(l, _)| l + first_rank == rank)) {
+            Some(next) if next != current => current = next,
+            _ => break,
+        }
+    }
+    failed[current]
 }
 
 /// Copies a child's output to ours a whole line at a time, optionally keeping the last lines.
@@ -331,4 +370,26 @@ pub fn free_port() -> Result<u16> {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(|e| CommError::io("finding a free port for the rendezvous store", e))
+}
+
+#[cfg(test)]
+mod root_cause_tests {
+    use super::*;
+
+    #[test]
+    fn the_rank_others_blame_is_the_root_cause() {
+        let code = |c: i32| ExitStatus::from_raw(c << 8);
+        let tails = |local: usize| -> Vec<String> {
+            match local {
+                0 => vec!["error: rank 0: rank 2 closed its connection while rank 0 was receiving from it".into()],
+                2 => vec!["error: rank 2: rank 1 closed its connection while rank 2 was receiving from it".into()],
+                _ => vec!["rank 1 is leaving on purpose".into()],
+            }
+        };
+        // Reported in the wrong order: 2, then 0, then 1 (the one that left first).
+        let failed = [(2, code(1)), (0, code(1)), (1, code(3))];
+        assert_eq!(root_cause(&failed, 0, &tails).0, 1);
+        // The blamed rank did not fail (yet): the first report stands.
+        assert_eq!(root_cause(&failed[..2], 0, &tails).0, 2);
+    }
 }
