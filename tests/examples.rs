@@ -254,41 +254,13 @@ fn workspace_binary(package: &str, name: &str) -> PathBuf {
     test_exe.parent().unwrap().parent().unwrap().join(name)
 }
 
-#[test]
-fn gloo_vs_nccl_across_two_launchers_as_two_nodes() {
-    let commrun = workspace_binary("commrun", "commrun");
-    let example = example("03-multinode-gloo-vs-nccl");
-    let port = comm_core::spawn::free_port().unwrap().to_string();
-    let nodes: Vec<_> = (0..2)
-        .map(|node| {
-            Command::new(&commrun)
-                .args([
-                    "--nnodes",
-                    "2",
-                    "--node-rank",
-                    &node.to_string(),
-                    "--nproc-per-node",
-                    "2",
-                ])
-                .args([
-                    "--master-addr",
-                    "127.0.0.1",
-                    "--master-port",
-                    &port,
-                    "--no-prefix",
-                ])
-                .arg(&example)
-                .args([
-                    "--size-mb",
-                    "2",
-                    "--iters",
-                    "3",
-                    "--warmup",
-                    "1",
-                    "--timeout",
-                    "60",
-                ])
-                .env_remove("RANK")
+/// Starts every command at once (the processes of one job), waits for all, and checks each
+/// succeeded.
+fn run_together(commands: Vec<Command>) -> Vec<Output> {
+    let children: Vec<_> = commands
+        .into_iter()
+        .map(|mut c| {
+            c.env_remove("RANK")
                 .env_remove("SLURM_PROCID")
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
@@ -296,17 +268,48 @@ fn gloo_vs_nccl_across_two_launchers_as_two_nodes() {
                 .unwrap()
         })
         .collect();
-    let outputs: Vec<Output> = nodes
+    let outputs: Vec<Output> = children
         .into_iter()
         .map(|c| c.wait_with_output().unwrap())
         .collect();
-    for (node, out) in outputs.iter().enumerate() {
+    for (i, out) in outputs.iter().enumerate() {
         assert!(
             out.status.success(),
-            "node {node}: {}",
+            "process {i}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    outputs
+}
+
+const QUICK: [&str; 8] = [
+    "--size-mb",
+    "2",
+    "--iters",
+    "3",
+    "--warmup",
+    "1",
+    "--timeout",
+    "60",
+];
+
+#[test]
+fn gloo_vs_nccl_across_two_launchers_as_two_nodes() {
+    let commrun = workspace_binary("commrun", "commrun");
+    let example = example("03-multinode-gloo-vs-nccl");
+    let port = comm_core::spawn::free_port().unwrap().to_string();
+    let nodes = (0..2)
+        .map(|node| {
+            let mut c = Command::new(&commrun);
+            c.args(["--nnodes", "2", "--node-rank", &node.to_string()])
+                .args(["--nproc-per-node", "2", "--master-addr", "127.0.0.1"])
+                .args(["--master-port", &port, "--no-prefix"])
+                .arg(&example)
+                .args(QUICK);
+            c
+        })
+        .collect();
+    let outputs = run_together(nodes);
     // Rank 0 lives on node 0, and its lines say 4 ranks took part (busbw factor 2·3/4).
     let stdout = String::from_utf8(outputs[0].stdout.clone()).unwrap();
     check_gloo_vs_nccl(&stdout, 2);
@@ -321,41 +324,17 @@ fn gloo_vs_nccl_across_two_launchers_as_two_nodes() {
 #[test]
 fn gloo_vs_nccl_started_by_hand_with_the_courses_flags() {
     let port = comm_core::spawn::free_port().unwrap().to_string();
-    let ranks: Vec<_> = (0..2)
+    let ranks = (0..2)
         .map(|rank| {
-            Command::new(example("03-multinode-gloo-vs-nccl"))
-                .args(["--world-size", "2", "--rank", &rank.to_string()])
+            let mut c = Command::new(example("03-multinode-gloo-vs-nccl"));
+            c.args(["--world-size", "2", "--rank", &rank.to_string()])
                 .args(["--master-addr", "127.0.0.1", "--master-port", &port])
-                .args([
-                    "--size-mb",
-                    "1",
-                    "--iters",
-                    "2",
-                    "--warmup",
-                    "1",
-                    "--timeout",
-                    "60",
-                ])
-                .env_remove("RANK")
-                .env_remove("SLURM_PROCID")
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
+                .args(QUICK);
+            c
         })
         .collect();
-    let outputs: Vec<Output> = ranks
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect();
-    for out in &outputs {
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    check_gloo_vs_nccl(&String::from_utf8(outputs[0].stdout.clone()).unwrap(), 1);
+    let outputs = run_together(ranks);
+    check_gloo_vs_nccl(&String::from_utf8(outputs[0].stdout.clone()).unwrap(), 2);
     let e = fails(
         "03-multinode-gloo-vs-nccl",
         &["--world-size", "2", "--rank", "2"],
