@@ -42,6 +42,11 @@ check() {
 }
 
 n=$GPUS
+if [ "$BACKEND" = nccl ]; then
+  # What the machine offers NCCL (driver, GPUs, libnccl and its version), shown first.
+  check probe 0 "^--backend +auto gives backend: nccl" "$BIN_DIR/nccl-probe"
+  cat "$LOGS/probe.log"
+fi
 check hello-world 0 "^backend: $BACKEND" "$BIN_DIR/00-hello-world" --backend "$BACKEND" -n "$n"
 check broadcast 0 "Gpu $((n - 1)) +\| 42 +\| 42 +\| 42 +\| 42 +\|" "$BIN_DIR/01-broadcast" --backend "$BACKEND" -n "$n"
 check allreduce 0 "Gpu $((n - 1)) +\| $n +\| $n +\| $n +\| $n +\|" "$BIN_DIR/02-allreduce" --backend "$BACKEND" -n "$n"

@@ -1,8 +1,13 @@
-//! scripts/gpu-check.sh, the NCCL backend's run-time check, run here on the CPU backend so the
-//! script and its `collective-check` program keep working where no GPU is.
+//! The NCCL backend's run-time checks where no GPU is: scripts/gpu-check.sh and its
+//! `collective-check` on the CPU backend (so they keep working), and `nccl-probe`, which needs
+//! no GPU at all: with no libnccl, a broken one, and a real `libnccl.so.2` from pip's wheel.
+//!
+//! The real-library test reads the wheel's folder from NCCL_WORKSHOP_TEST_LIBNCCL (`.ci/run`
+//! installs it: `python3 -m pip install --target target/nccl-wheel nvidia-nccl-cu12==2.21.5`) and
+//! says it skipped without it, unless NCCL_WORKSHOP_REQUIRE_LIBNCCL=1 (as `.ci/run` sets).
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 /// The example binaries, brought up to date first: a stale one would check old code.
 fn examples_dir() -> PathBuf {
@@ -82,4 +87,137 @@ fn collective_check_reports_every_collective() {
         stdout.contains("checks: 288 passed, 0 failed on 2 ranks (cpu)"),
         "{stdout}"
     );
+}
+
+/// Runs `nccl-probe` with none of the places libnccl is looked for, but `env`.
+fn probe(env: &[(&str, &str)]) -> (Output, String) {
+    let home = std::env::temp_dir().join(format!("nccl-probe-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let mut command = Command::new(examples_dir().join("nccl-probe"));
+    for var in [
+        "LD_LIBRARY_PATH",
+        "NCCL_LIBRARY",
+        "NCCL_HOME",
+        "CUDA_HOME",
+        "CONDA_PREFIX",
+        "VIRTUAL_ENV",
+        "PYTHONPATH",
+        "NCCL_SOCKET_IFNAME",
+    ] {
+        command.env_remove(var);
+    }
+    command.env("HOME", &home);
+    command.envs(env.iter().copied());
+    let output = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let all = format!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{all}");
+    assert!(!all.contains("panicked"), "{all}");
+    // Once: a relink restarts the program before it prints, and never twice.
+    let headers = stdout.lines().filter(|l| l.starts_with("CUDA driver"));
+    assert_eq!(headers.count(), 1, "{all}");
+    (output, stdout)
+}
+
+fn row<'a>(stdout: &'a str, step: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.starts_with(step))
+        .unwrap_or_else(|| panic!("no {step} row in\n{stdout}"))
+}
+
+#[test]
+fn the_probe_explains_a_machine_without_nccl() {
+    let (_, stdout) = probe(&[]);
+    let libnccl = row(&stdout, "libnccl");
+    if libnccl.contains("NCCL 2.") {
+        eprintln!("skipped: this machine has a libnccl of its own: {libnccl}");
+        return;
+    }
+    assert!(
+        libnccl.contains("not found") && libnccl.contains("module load nccl"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("unique Id"), "{stdout}");
+    if row(&stdout, "CUDA driver").contains("not found") {
+        assert!(
+            row(&stdout, "--backend").contains("cpu (no CUDA driver found)"),
+            "{stdout}"
+        );
+    }
+}
+
+#[test]
+fn a_broken_libnccl_so2_is_named_not_a_crash_or_a_loop() {
+    let dir = std::env::temp_dir().join(format!("nccl-broken-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let so2 = dir.join("libnccl.so.2");
+    std::fs::write(&so2, b"not a library").unwrap();
+    let (_, stdout) = probe(&[("NCCL_LIBRARY", so2.to_str().unwrap())]);
+    let libnccl = row(&stdout, "libnccl");
+    assert!(
+        libnccl.contains("linked as libnccl.so but does not load") && libnccl.contains("too short"),
+        "{stdout}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_real_libnccl_so2_from_pip_is_found_linked_and_loaded() {
+    let Some(wheel) = std::env::var_os("NCCL_WORKSHOP_TEST_LIBNCCL").map(PathBuf::from) else {
+        let required = std::env::var("NCCL_WORKSHOP_REQUIRE_LIBNCCL").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "NCCL_WORKSHOP_REQUIRE_LIBNCCL=1 but NCCL_WORKSHOP_TEST_LIBNCCL is not set"
+        );
+        eprintln!(
+            "skipped: set NCCL_WORKSHOP_TEST_LIBNCCL to a pip --target folder of nvidia-nccl-cu12"
+        );
+        return;
+    };
+    let lib = wheel.join("nvidia/nccl/lib");
+    let so2 = lib
+        .join("libnccl.so.2")
+        .canonicalize()
+        .unwrap_or_else(|e| panic!("NCCL_WORKSHOP_TEST_LIBNCCL={}: {e}", wheel.display()));
+    // A virtual environment whose site-packages is the wheel's folder.
+    let venv = std::env::temp_dir().join(format!("nccl-venv-{}", std::process::id()));
+    let site = venv.join("lib/python3.11/site-packages");
+    std::fs::create_dir_all(site.parent().unwrap()).unwrap();
+    if !site.exists() {
+        std::os::unix::fs::symlink(wheel.canonicalize().unwrap(), &site).unwrap();
+    }
+    let ways: [(&str, &Path); 4] = [
+        ("NCCL_LIBRARY", &so2),
+        ("LD_LIBRARY_PATH", &lib),
+        ("VIRTUAL_ENV", &venv),
+        // The last resort: the Python on PATH knows where its nvidia.nccl is.
+        ("PYTHONPATH", &wheel),
+    ];
+    for (var, value) in ways {
+        let (_, stdout) = probe(&[(var, value.to_str().unwrap())]);
+        let libnccl = row(&stdout, "libnccl");
+        assert!(
+            libnccl.contains("NCCL 2.")
+                && libnccl.contains(&format!("from {}", so2.display()))
+                && libnccl.contains("(libnccl.so.2, linked as libnccl.so)"),
+            "{var}={}:\n{stdout}",
+            value.display()
+        );
+        let id = row(&stdout, "unique Id");
+        assert!(
+            id.contains("128 bytes; rank 0 would wait for the others at "),
+            "{stdout}"
+        );
+    }
+    // NCCL reads NCCL_SOCKET_IFNAME when it opens the bootstrap socket the Id points at.
+    let (_, stdout) = probe(&[
+        ("NCCL_LIBRARY", so2.to_str().unwrap()),
+        ("NCCL_SOCKET_IFNAME", "lo"),
+    ]);
+    assert!(
+        row(&stdout, "unique Id").contains("at 127.0.0.1:"),
+        "{stdout}"
+    );
+    std::fs::remove_dir_all(&venv).unwrap();
 }

@@ -22,6 +22,26 @@ pub fn loadable() -> bool {
     unsafe { cudarc::nccl::sys::is_culib_present() }
 }
 
+/// Why `libnccl.so` does not load, in the loader's words ("invalid ELF header", "cannot open
+/// shared object file", a missing symbol version…).
+pub fn load_error() -> String {
+    // SAFETY: dlopen/dlerror with a valid C string; the handle, if any, is closed again.
+    unsafe {
+        let handle = libc::dlopen(c"libnccl.so".as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+        if !handle.is_null() {
+            libc::dlclose(handle);
+            return "it loads with dlopen but lacks what cudarc needs".into();
+        }
+        let error = libc::dlerror();
+        if error.is_null() {
+            return "dlopen gave no reason".into();
+        }
+        std::ffi::CStr::from_ptr(error)
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
 /// Whether this process is the re-executed one.
 pub fn relinked(var: &impl Fn(&str) -> Option<String>) -> bool {
     var(RELINKED).is_some()
@@ -115,6 +135,20 @@ pub fn find(var: &impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
         .into_iter()
         .find(|p| p.is_file())
         .or_else(|| ask_python().filter(|p| p.is_file()))
+}
+
+/// The libnccl file this process has loaded, as the kernel's map of it says (after a relink,
+/// the real `libnccl.so.2`, not our link).
+pub fn loaded_from() -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .find(|path| {
+            Path::new(path)
+                .file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with("libnccl.so"))
+        })
+        .map(PathBuf::from)
 }
 
 /// A private folder holding `libnccl.so` → `library`; returns the folder.

@@ -58,6 +58,8 @@ pub trait Machine {
     fn has_driver(&self) -> bool;
     fn gpu_count(&self) -> std::result::Result<usize, String>;
     fn nccl_loadable(&self) -> bool;
+    /// Why libnccl does not load (asked only when it does not).
+    fn nccl_load_error(&self) -> String;
     fn relinked(&self) -> bool;
     fn find_libnccl_so2(&self) -> Option<PathBuf>;
     fn nccl_version(&self) -> std::result::Result<String, String>;
@@ -80,6 +82,9 @@ impl<F: Fn(&str) -> Option<String>> Machine for ThisMachine<F> {
     }
     fn nccl_loadable(&self) -> bool {
         library::loadable()
+    }
+    fn nccl_load_error(&self) -> String {
+        library::load_error()
     }
     fn relinked(&self) -> bool {
         library::relinked(&self.0)
@@ -113,9 +118,11 @@ pub fn probe(machine: &impl Machine) -> Probe {
     };
     if !machine.nccl_loadable() {
         if machine.relinked() {
-            return Probe::Unavailable(
-                "libnccl.so.2 was linked as libnccl.so but still does not load; check that it matches this CUDA driver".into(),
-            );
+            return Probe::Unavailable(format!(
+                "libnccl.so.2 was linked as libnccl.so but still does not load ({}); check that \
+                 NCCL_LIBRARY or the install points at a real libnccl.so.2 for this CUDA driver",
+                machine.nccl_load_error()
+            ));
         }
         return match machine.find_libnccl_so2() {
             Some(path) => Probe::Relink(path),
@@ -158,6 +165,36 @@ pub fn id_from_bytes(bytes: &[u8]) -> Result<sys::ncclUniqueId> {
     Ok(sys::ncclUniqueId {
         internal: internal.map(|b| b as std::ffi::c_char),
     })
+}
+
+/// A fresh unique Id from NCCL, as bytes. Needs libnccl but no GPU: rank 0 opens its bootstrap
+/// socket here, and the Id carries that socket's address to the other ranks.
+pub fn new_unique_id() -> Result<Vec<u8>> {
+    let id = quietly(result::get_uniqueid)
+        .map_err(|p| CommError::Backend(format!("libnccl did not load: {p}")))?
+        .map_err(nccl("ncclGetUniqueId"))?;
+    Ok(id_to_bytes(&id))
+}
+
+/// The address inside a unique Id: where rank 0's bootstrap root listens (NCCL's
+/// `ncclBootstrapHandle`: an 8-byte magic, then a sockaddr). Every rank must reach it, which is
+/// why NCCL_SOCKET_IFNAME matters on a cluster. `None` if the Id holds no IPv4/IPv6 address.
+pub fn bootstrap_address(id: &[u8]) -> Option<std::net::SocketAddr> {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+    let addr = id.get(8..36)?;
+    let family = u16::from_ne_bytes([addr[0], addr[1]]);
+    let port = u16::from_be_bytes([addr[2], addr[3]]);
+    match family as i32 {
+        libc::AF_INET => {
+            let ip: [u8; 4] = addr[4..8].try_into().ok()?;
+            Some(SocketAddr::from((Ipv4Addr::from(ip), port)))
+        }
+        libc::AF_INET6 => {
+            let ip: [u8; 16] = addr[8..24].try_into().ok()?;
+            Some(SocketAddr::from((Ipv6Addr::from(ip), port)))
+        }
+        _ => None,
+    }
 }
 
 fn driver_error(e: &DriverError) -> String {
@@ -206,6 +243,128 @@ fn red_op(op: ReduceOp) -> sys::ncclRedOp_t {
     }
 }
 
+/// What one look at an NCCL call in flight finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    Busy,
+    Done,
+}
+
+/// The communicator's progress as NCCL reports it: busy (`ncclInProgress`), done, or an error.
+fn async_state(comm: sys::ncclComm_t) -> std::result::Result<Look, result::NcclError> {
+    let mut state = sys::ncclResult_t::ncclSuccess;
+    // SAFETY: comm is a live communicator; state is a valid out-pointer.
+    unsafe { sys::ncclCommGetAsyncError(comm, &mut state) }.result()?;
+    match state.result()? {
+        result::NcclStatus::InProgress => Ok(Look::Busy),
+        _ => Ok(Look::Done),
+    }
+}
+
+/// The watchdog, as in PyTorch: looks at a call until it is done, fails, or outlives `timeout`.
+/// On failure or timeout `abort` runs first, so no rank is left inside NCCL, then the error
+/// says what was waited for.
+fn watch(
+    what: &str,
+    detail: &str,
+    timeout: Duration,
+    look: &mut dyn FnMut() -> Result<Look>,
+    abort: impl FnOnce(),
+) -> Result<()> {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(5);
+    loop {
+        match look() {
+            Ok(Look::Done) => return Ok(()),
+            Ok(Look::Busy) => {}
+            Err(e) => {
+                abort();
+                return Err(e);
+            }
+        }
+        if start.elapsed() > timeout {
+            abort();
+            return Err(CommError::Timeout {
+                what: what.into(),
+                timeout,
+                detail: detail.into(),
+            });
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// The first NCCL with nonblocking communicators (`ncclCommInitRankConfig`, `blocking = 0`).
+const NONBLOCKING_SINCE: i32 = 21400;
+
+/// NCCL_CONFIG_INITIALIZER with `blocking = 0`: every call returns at once and reports its
+/// progress through ncclCommGetAsyncError, so init, too, can be watched and aborted.
+fn nonblocking_config() -> sys::ncclConfig_t {
+    const UNDEF: i32 = i32::MIN; // NCCL_CONFIG_UNDEF_INT: "NCCL's default"
+    sys::ncclConfig_t {
+        size: std::mem::size_of::<sys::ncclConfig_t>(),
+        magic: 0xcafebeef,
+        // The layout of cudarc's bindings (NCCL 2.30's header): NCCL copies `size` bytes at most
+        // and takes fields newer than `version` as defaults, so older libraries read a prefix.
+        version: 23000,
+        blocking: 0,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+        graphUsageMode: UNDEF,
+        numRmaCtx: UNDEF,
+        maxP2pPeers: UNDEF,
+    }
+}
+
+/// `ncclCommInitRank` under the watchdog: a rank that never joins (it died after the store's
+/// barrier) ends in a timeout and an abort, not a hang. NCCL older than 2.14 has no nonblocking
+/// init and is called the blocking way.
+fn init_rank(
+    world_size: usize,
+    id: sys::ncclUniqueId,
+    rank: usize,
+    timeout: Duration,
+) -> Result<sys::ncclComm_t> {
+    let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+    let version = result::get_nccl_version().map_err(nccl("ncclGetVersion"))?;
+    if version < NONBLOCKING_SINCE {
+        // SAFETY: comm is written by NCCL on success; the Id came from ncclGetUniqueId.
+        unsafe { result::comm_init_rank(&mut comm, world_size as i32, id, rank as i32) }
+            .map_err(nccl("ncclCommInitRank"))?;
+        return Ok(comm);
+    }
+    let mut config = nonblocking_config();
+    // SAFETY: as above; config outlives the call (NCCL copies it).
+    unsafe {
+        result::comm_init_rank_config(&mut comm, world_size as i32, id, rank as i32, &mut config)
+    }
+    .map_err(nccl("ncclCommInitRankConfig"))?;
+    let mut look = || async_state(comm).map_err(nccl("ncclCommInitRankConfig"));
+    watch(
+        &format!("NCCL's communicator on rank {rank} of {world_size} to come up"),
+        " (did every rank start? NCCL_DEBUG=INFO shows who connected); it was aborted",
+        timeout,
+        &mut look,
+        // SAFETY: a communicator NCCL handed out, aborted once and never used again.
+        || unsafe {
+            let _ = result::comm_abort(comm);
+        },
+    )?;
+    Ok(comm)
+}
+
 /// One rank's NCCL communicator, its GPU and stream.
 pub struct NcclBackend {
     stream: Arc<CudaStream>,
@@ -230,22 +389,16 @@ impl NcclBackend {
         let stream = ctx.new_stream().map_err(cuda("creating a stream"))?;
         // ANCHOR: unique_id
         let id = if rank == 0 {
-            let id = result::get_uniqueid().map_err(nccl("ncclGetUniqueId"))?;
-            store.set(&format!("{prefix}/id"), &id_to_bytes(&id))?;
-            id
+            let id = new_unique_id()?;
+            store.set(&format!("{prefix}/id"), &id)?;
+            id_from_bytes(&id)?
         } else {
             id_from_bytes(&store.get(&format!("{prefix}/id"))?)?
         };
-        // Everyone has the Id and is alive before NCCL's own (timeout-less) init starts.
+        // Everyone has the Id and is alive before NCCL's own init starts.
         store.barrier(&format!("{prefix}/init"))?;
         ctx.bind_to_thread().map_err(cuda("binding the context"))?;
-        let mut comm = std::mem::MaybeUninit::uninit();
-        // SAFETY: comm is written by NCCL on success; the Id came from ncclGetUniqueId.
-        let comm = unsafe {
-            result::comm_init_rank(comm.as_mut_ptr(), world_size as i32, id, rank as i32)
-                .map_err(nccl("ncclCommInitRank"))?;
-            comm.assume_init()
-        };
+        let comm = init_rank(world_size, id, rank, store.timeout())?;
         // ANCHOR_END: unique_id
         Ok(NcclBackend {
             stream,
@@ -269,42 +422,35 @@ impl NcclBackend {
         Ok(())
     }
 
-    /// Waits for the work just enqueued, watching for NCCL errors and the timeout.
+    /// Waits for the work just enqueued: first for NCCL to finish enqueuing it (a nonblocking
+    /// communicator may still be connecting), then for the GPU to finish it, watching for NCCL
+    /// and CUDA errors and the timeout all the while.
     fn wait(&self, what: &str) -> Result<()> {
-        let done = self
-            .stream
-            .record_event(None)
-            .map_err(cuda("recording an event"))?;
-        let start = Instant::now();
-        let mut pause = Duration::from_micros(5);
-        loop {
-            if done.is_complete() {
-                return Ok(());
+        let mut done = None;
+        let mut look = || -> Result<Look> {
+            if async_state(self.comm).map_err(nccl(what))? == Look::Busy {
+                return Ok(Look::Busy);
             }
-            let mut state = sys::ncclResult_t::ncclSuccess;
-            // SAFETY: comm is a live communicator; state is a valid out-pointer.
-            unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) };
-            if !matches!(
-                state,
-                sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
-            ) {
-                self.abort();
-                return Err(CommError::Backend(nccl_error(
-                    what,
-                    result::NcclError(state),
-                )));
+            let event = match &done {
+                Some(event) => event,
+                None => done.insert(
+                    self.stream
+                        .record_event(None)
+                        .map_err(cuda("recording an event"))?,
+                ),
+            };
+            match event.try_is_complete().map_err(cuda(what))? {
+                true => Ok(Look::Done),
+                false => Ok(Look::Busy),
             }
-            if start.elapsed() > self.timeout {
-                self.abort();
-                return Err(CommError::Timeout {
-                    what: format!("NCCL {what} on rank {} to complete", self.rank),
-                    timeout: self.timeout,
-                    detail: " (a peer died or is stuck?); the communicator was aborted".into(),
-                });
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
-        }
+        };
+        watch(
+            &format!("NCCL {what} on rank {} to complete", self.rank),
+            " (a peer died or is stuck?); the communicator was aborted",
+            self.timeout,
+            &mut look,
+            || self.abort(),
+        )
     }
 
     fn abort(&self) {
@@ -526,12 +672,91 @@ mod tests {
     }
 
     #[test]
+    fn the_watchdog_waits_for_done() {
+        let mut looks = [Look::Busy, Look::Busy, Look::Done].into_iter();
+        let mut aborted = false;
+        watch(
+            "x",
+            "",
+            Duration::from_secs(5),
+            &mut || Ok(looks.next().unwrap()),
+            || aborted = true,
+        )
+        .unwrap();
+        assert!(!aborted);
+        assert_eq!(looks.next(), None, "it looked until done and no more");
+    }
+
+    #[test]
+    fn the_watchdog_aborts_on_an_error_and_at_the_timeout() {
+        let mut aborts = 0;
+        let err = watch(
+            "x",
+            "",
+            Duration::from_secs(5),
+            &mut || Err(CommError::Backend("ncclRemoteError".into())),
+            || aborts += 1,
+        )
+        .unwrap_err();
+        assert_eq!(
+            (aborts, err.to_string().contains("ncclRemoteError")),
+            (1, true)
+        );
+
+        let err = watch(
+            "NCCL ncclAllReduce on rank 1 to complete",
+            " (a peer died or is stuck?)",
+            Duration::from_millis(50),
+            &mut || Ok(Look::Busy),
+            || aborts += 1,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(aborts, 2);
+        assert!(
+            err.contains("NCCL ncclAllReduce on rank 1 to complete") && err.contains("peer died"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_nonblocking_config_is_nccls_initializer_with_blocking_off() {
+        let config = nonblocking_config();
+        assert_eq!(config.size, std::mem::size_of::<sys::ncclConfig_t>());
+        assert_eq!((config.magic, config.blocking), (0xcafebeef, 0));
+        assert!(config.version as i32 >= NONBLOCKING_SINCE);
+        assert_eq!((config.minCTAs, config.splitShare), (i32::MIN, i32::MIN));
+        assert!(config.netName.is_null() && config.commName.is_null());
+    }
+
+    #[test]
     fn unique_id_bytes_round_trip() {
         let bytes: Vec<u8> = (0..128u32).map(|i| (i * 37 % 256) as u8).collect();
         let id = id_from_bytes(&bytes).unwrap();
         assert_eq!(id_to_bytes(&id), bytes);
         let err = id_from_bytes(&bytes[..100]).unwrap_err().to_string();
         assert!(err.contains("has 100 bytes, not 128"), "{err}");
+    }
+
+    #[test]
+    fn the_bootstrap_address_is_read_from_the_id() {
+        // The first bytes of an Id that NCCL 2.32 made on a host with address 192.0.2.2.
+        let mut id = vec![0u8; 128];
+        let head = [
+            0xd4, 0x57, 0x9d, 0x3c, 0x3d, 0x65, 0xfe, 0xb9, 0x02, 0x00, 0xae, 0xfd, 192, 0, 2, 2,
+        ];
+        id[..16].copy_from_slice(&head);
+        assert_eq!(
+            bootstrap_address(&id),
+            Some("192.0.2.2:44797".parse().unwrap())
+        );
+        let mut v6 = vec![0u8; 128];
+        v6[8..10].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+        v6[10..12].copy_from_slice(&4242u16.to_be_bytes());
+        v6[16..32].copy_from_slice(&std::net::Ipv6Addr::LOCALHOST.octets());
+        assert_eq!(bootstrap_address(&v6), Some("[::1]:4242".parse().unwrap()));
+        assert_eq!(bootstrap_address(&[0u8; 128]), None);
+        assert_eq!(bootstrap_address(&[2u8; 10]), None);
     }
 
     #[test]
@@ -568,6 +793,10 @@ mod tests {
         }
         fn nccl_loadable(&self) -> bool {
             self.loadable
+        }
+        fn nccl_load_error(&self) -> String {
+            assert!(!self.loadable, "asked why a loadable NCCL does not load");
+            "invalid ELF header".into()
         }
         fn relinked(&self) -> bool {
             self.relinked
@@ -644,7 +873,7 @@ mod tests {
             ..only_so2
         };
         assert!(
-            matches!(probe(&still_broken), Probe::Unavailable(r) if r.contains("still does not load"))
+            matches!(probe(&still_broken), Probe::Unavailable(r) if r.contains("still does not load (invalid ELF header)"))
         );
     }
 }

@@ -1,0 +1,88 @@
+//! What this machine offers NCCL, step by step: the answer to "why did I get `backend: cpu`?".
+//!
+//!     cargo run -p comm-core --example nccl-probe
+//!
+//! The steps are the ones `--backend auto` takes: the CUDA driver, the GPUs it sees, libnccl
+//! (pip's `libnccl.so.2` is linked as `libnccl.so` and the probe restarts itself, as every
+//! program here does), and a unique Id, which needs NCCL but no GPU: the address inside it is
+//! where rank 0 would wait for the others.
+
+use comm_core::backend::nccl::{self, library, Machine, ThisMachine};
+use comm_core::backend::{select, BackendChoice};
+
+fn main() -> std::process::ExitCode {
+    let var = |name: &str| std::env::var(name).ok();
+    let machine = ThisMachine(var);
+    let row = |step: &str, finding: String| println!("{step:<14}{finding}");
+
+    // libnccl first, before anything is printed: if only libnccl.so.2 is around, link it as
+    // libnccl.so and restart with the link on LD_LIBRARY_PATH (the loader reads it at start).
+    if !machine.nccl_loadable() && !machine.relinked() {
+        if let Some(so2) = machine.find_libnccl_so2() {
+            let restart = library::link_folder(&so2).map(|dir| library::reexec_with(&dir, &var));
+            let error = restart.unwrap_or_else(|e| e);
+            eprintln!("nccl-probe: cannot load {}: {error}", so2.display());
+            return std::process::ExitCode::from(2);
+        }
+    }
+
+    let driver = machine.has_driver();
+    row(
+        "CUDA driver",
+        if driver {
+            "found"
+        } else {
+            "not found (neither libcuda.so nor libcuda.so.1 loads)"
+        }
+        .into(),
+    );
+    row(
+        "GPUs",
+        match (driver, machine.gpu_count()) {
+            (false, _) => "- (needs the driver)".into(),
+            (true, Ok(n)) => n.to_string(),
+            (true, Err(reason)) => reason,
+        },
+    );
+    let loaded = machine.nccl_loadable();
+    row(
+        "libnccl",
+        match (loaded, machine.nccl_version()) {
+            (true, Ok(version)) => format!(
+                "NCCL {version} from {}{}",
+                library::loaded_from().map_or("?".into(), |p| p.display().to_string()),
+                if machine.relinked() {
+                    " (libnccl.so.2, linked as libnccl.so)"
+                } else {
+                    ""
+                }
+            ),
+            (true, Err(reason)) => reason,
+            (false, _) if machine.relinked() => format!(
+                "libnccl.so.2 was found and linked as libnccl.so but does not load: {}",
+                machine.nccl_load_error()
+            ),
+            (false, _) => format!("not found; {}", library::INSTALL_HINT),
+        },
+    );
+    if loaded {
+        row(
+            "unique Id",
+            match nccl::new_unique_id() {
+                Ok(id) => match nccl::bootstrap_address(&id) {
+                    Some(at) => format!(
+                        "{} bytes; rank 0 would wait for the others at {at} (NCCL_SOCKET_IFNAME picks the interface)",
+                        id.len()
+                    ),
+                    None => format!("{} bytes (no socket address inside)", id.len()),
+                },
+                Err(e) => e.to_string(),
+            },
+        );
+    }
+    match select(BackendChoice::Auto) {
+        Ok(selection) => row("--backend", format!("auto gives {selection}")),
+        Err(e) => row("--backend", format!("auto fails: {e}")),
+    }
+    std::process::ExitCode::SUCCESS
+}
