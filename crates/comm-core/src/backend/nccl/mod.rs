@@ -271,6 +271,7 @@ fn watch(
     look: &mut dyn FnMut() -> Result<Look>,
     abort: impl FnOnce(),
 ) -> Result<()> {
+    // ANCHOR: watchdog
     let start = Instant::now();
     let mut pause = Duration::from_micros(5);
     loop {
@@ -293,6 +294,7 @@ fn watch(
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(1));
     }
+    // ANCHOR_END: watchdog
 }
 
 /// The first NCCL with nonblocking communicators (`ncclCommInitRankConfig`, `blocking = 0`).
