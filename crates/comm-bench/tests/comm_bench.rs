@@ -402,3 +402,36 @@ fn rows_of_a_run_are_what_the_table_shows() {
     assert_eq!((rows[1].dtype.as_str(), rows[1].count), ("double", 4096));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// scripts/nccl-vs-pytorch.sh (the NCCL-vs-PyTorch figure) on the CPU backend against Gloo.
+/// It needs a Python with torch: NCCL_WORKSHOP_TEST_PYTHON names one, else the test skips.
+#[test]
+fn the_pytorch_comparison_script_runs_where_torch_is() {
+    let Ok(python) = std::env::var("NCCL_WORKSHOP_TEST_PYTHON") else {
+        eprintln!("skipped: set NCCL_WORKSHOP_TEST_PYTHON to a python3 that has torch");
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_comm-bench"))
+        .parent()
+        .unwrap();
+    let mut script = Command::new("bash");
+    script
+        .arg(root.join("scripts/nccl-vs-pytorch.sh"))
+        .envs([("BACKEND", "cpu"), ("SIZE_MB", "1"), ("ITERS", "3")])
+        .env("PYTHON", python)
+        .env("BIN_DIR", bin_dir);
+    for v in LAUNCHER_VARS {
+        script.env_remove(v);
+    }
+    let out = script.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in ["  ours ", "  PyTorch ", "  PyTorch time / ours: "] {
+        assert!(stdout.contains(line), "{line} in\n{stdout}");
+    }
+}
