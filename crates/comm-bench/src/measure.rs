@@ -213,24 +213,15 @@ fn call<T: Element>(comm: &Communicator, case: &Case, bufs: &mut Buffers<T>) -> 
     }
 }
 
-/// The ring exchange: every rank sends to rank+1 and receives from rank-1. comm-core's send and
-/// recv block, so even ranks send first and odd ranks receive first (no cycle of waiting
-/// senders, for any world size): the exchange takes two phases, where nccl-tests' grouped
-/// send/recv overlaps both directions.
+/// The ring exchange, as nccl-tests' sendrecv: every rank sends to rank+1 while it receives from
+/// rank-1, both directions at once (one grouped call on NCCL).
 fn send_recv<T: Element>(
     comm: &Communicator,
     send: &Buffer<T>,
     recv: &mut Buffer<T>,
 ) -> Result<()> {
     let (n, rank) = (comm.world_size(), comm.rank());
-    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-    if rank % 2 == 0 {
-        comm.send(send, next)?;
-        comm.recv(recv, prev)
-    } else {
-        comm.recv(recv, prev)?;
-        comm.send(send, next)
-    }
+    comm.send_recv(send, (rank + 1) % n, recv, (rank + n - 1) % n)
 }
 
 /// This rank's part of the result, on the host; None where the rank has nothing to check (a

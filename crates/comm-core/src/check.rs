@@ -174,6 +174,13 @@ pub fn all_collectives<T: Element>(
             format!("send/recv {dtype}"),
             count_wrong(&comm.to_host(&recv)?, &inputs[prev]),
         );
+        // Both directions at once: every rank sends first, which only a grouped call allows.
+        let mut recv = comm.zeros::<T>(len)?;
+        comm.send_recv(&send, next, &mut recv, prev)?;
+        record(
+            format!("sendrecv {dtype}"),
+            count_wrong(&comm.to_host(&recv)?, &inputs[prev]),
+        );
     }
     comm.barrier()?;
     record(format!("barrier {dtype}"), 0);

@@ -398,6 +398,25 @@ impl Communicator {
         }
     }
 
+    /// Sends `send` to `to` while receiving `recv` from `from`, both at once: the ring step, and
+    /// nccl-tests' sendrecv. On NCCL one group (ncclGroupStart, ncclSend, ncclRecv, ncclGroupEnd),
+    /// so a ring of ranks that all send first cannot deadlock.
+    pub fn send_recv<T: Element>(
+        &self,
+        send: &Buffer<T>,
+        to: usize,
+        recv: &mut Buffer<T>,
+        from: usize,
+    ) -> Result<()> {
+        let _range = crate::profile::range(|| format!("send_recv {} x {}", T::DTYPE, send.len()));
+        self.check_peer(to, "send_recv")?;
+        self.check_peer(from, "send_recv")?;
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.send_recv(host(send)?, to, host_mut(recv)?, from),
+            Engine::Nccl(nccl) => nccl.send_recv(device(send)?, to, device_mut(recv)?, from),
+        }
+    }
+
     /// Prints every rank's buffer as the course's grid, on rank 0, under `title`. Every rank
     /// must call it; only the cells shown travel (through the store), so it is cheap for long
     /// buffers.

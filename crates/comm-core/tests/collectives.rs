@@ -240,15 +240,23 @@ fn check_send_recv<T: Element>(wire: Wire, n: usize, len: usize) {
             comm.recv(&mut recv, prev).unwrap();
             comm.send(&send, next).unwrap();
         }
+        // The same ring with every rank sending first, through the combined call.
+        let mut both = comm.zeros::<T>(len).unwrap();
+        comm.send_recv(&send, next, &mut both, prev).unwrap();
         comm.barrier().unwrap();
-        comm.to_host(&recv).unwrap()
+        (comm.to_host(&recv).unwrap(), comm.to_host(&both).unwrap())
     });
-    for (rank, got) in results.iter().enumerate() {
+    for (rank, (got, both)) in results.iter().enumerate() {
         let what = format!(
             "send/recv {} n={n} len={len} {wire:?} rank {rank}",
             T::DTYPE
         );
         assert_same(got, &data[(rank + n - 1) % n], &what);
+        assert_same(
+            both,
+            &data[(rank + n - 1) % n],
+            &format!("{what} (send_recv)"),
+        );
     }
 }
 
@@ -361,6 +369,15 @@ fn bad_arguments_are_usage_errors() {
         assert!(err.contains("must have world size"), "{err}");
         let err = comm.send(&buf, comm.rank()).unwrap_err().to_string();
         assert!(err.contains("is not another rank"), "{err}");
+        let mut out = comm.zeros::<f32>(3).unwrap();
+        let err = comm
+            .send_recv(&buf, 1 - comm.rank(), &mut out, 5)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("send_recv: peer 5 is not another rank"),
+            "{err}"
+        );
     });
 }
 

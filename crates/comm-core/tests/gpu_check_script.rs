@@ -73,6 +73,7 @@ fn collective_check_reports_every_collective() {
         "all_gather int64 in-place",
         "broadcast float out-of-place",
         "send/recv double",
+        "sendrecv int32",
     ] {
         assert_eq!(
             stdout
@@ -84,7 +85,7 @@ fn collective_check_reports_every_collective() {
         );
     }
     assert!(
-        stdout.contains("checks: 288 passed, 0 failed on 2 ranks (cpu)"),
+        stdout.contains("checks: 296 passed, 0 failed on 2 ranks (cpu)"),
         "{stdout}"
     );
 }

@@ -113,6 +113,21 @@ impl CpuBackend {
         self.transport.recv(peer, bytemuck::cast_slice_mut(buf))
     }
 
+    pub fn send_recv<T: Element>(
+        &self,
+        send: &[T],
+        to: usize,
+        recv: &mut [T],
+        from: usize,
+    ) -> Result<()> {
+        self.transport.send_recv(
+            to,
+            bytemuck::cast_slice(send),
+            from,
+            bytemuck::cast_slice_mut(recv),
+        )
+    }
+
     pub fn barrier(&self) -> Result<()> {
         algorithms::barrier(self.transport())
     }

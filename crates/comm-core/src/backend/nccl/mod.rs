@@ -638,6 +638,29 @@ impl NcclBackend {
         })
     }
 
+    /// Both calls in one NCCL group: NCCL runs them together, so every rank may send first.
+    pub fn send_recv<T: Element>(
+        &self,
+        send: &CudaSlice<T>,
+        to: usize,
+        recv: &mut CudaSlice<T>,
+        from: usize,
+    ) -> Result<()> {
+        let (send_count, recv_count) = (send.len(), recv.len());
+        let (s, _s) = send.device_ptr(&self.stream);
+        let (r, _r) = recv.device_ptr_mut(&self.stream);
+        let dtype = data_type(T::DTYPE);
+        // SAFETY: `s` and `r` address their buffers' elements on this GPU; the group is closed
+        // whatever happens inside it.
+        self.call("ncclSend/ncclRecv group", |comm, stream| unsafe {
+            result::group_start()?;
+            let queued = result::send(s as _, send_count, dtype, to as i32, comm, stream)
+                .and_then(|_| result::recv(r as _, recv_count, dtype, from as i32, comm, stream));
+            let ended = result::group_end();
+            queued.and(ended)
+        })
+    }
+
     /// An all-reduce of one element: returns when every rank got here.
     pub fn barrier(&self) -> Result<()> {
         let mut token = self.upload(&[0i32])?;
