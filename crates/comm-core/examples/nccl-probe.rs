@@ -19,8 +19,7 @@ fn main() -> std::process::ExitCode {
     // libnccl.so and restart with the link on LD_LIBRARY_PATH (the loader reads it at start).
     if !machine.nccl_loadable() && !machine.relinked() {
         if let Some(so2) = machine.find_libnccl_so2() {
-            let restart = library::link_folder(&so2).map(|dir| library::reexec_with(&dir, &var));
-            let error = restart.unwrap_or_else(|e| e);
+            let error = library::restart_with_link(&so2, &var);
             eprintln!("nccl-probe: cannot load {}: {error}", so2.display());
             return std::process::ExitCode::from(2);
         }

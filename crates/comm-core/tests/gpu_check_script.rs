@@ -9,27 +9,32 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The example binaries, brought up to date first: a stale one would check old code.
+/// The example binaries, brought up to date once per test run: a stale one would check old code.
 fn examples_dir() -> PathBuf {
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--examples",
-            "-p",
-            "nccl-workshop",
-            "-p",
-            "comm-core",
-        ])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let test_exe = std::env::current_exe().unwrap();
-    test_exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let status = Command::new(env!("CARGO"))
+                .args([
+                    "build",
+                    "--examples",
+                    "-p",
+                    "nccl-workshop",
+                    "-p",
+                    "comm-core",
+                ])
+                .status()
+                .unwrap();
+            assert!(status.success());
+            let test_exe = std::env::current_exe().unwrap();
+            test_exe
+                .parent()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .join("examples")
+        })
+        .clone()
 }
 
 #[test]

@@ -75,10 +75,7 @@ pub fn select(choice: BackendChoice) -> crate::Result<Selection> {
             ),
             gpus,
         }),
-        nccl::Probe::Relink(library) => {
-            let folder = nccl::library::link_folder(&library)?;
-            Err(nccl::library::reexec_with(&folder, &var))
-        }
+        nccl::Probe::Relink(library) => Err(nccl::library::restart_with_link(&library, &var)),
         nccl::Probe::Unavailable(reason) if choice == BackendChoice::Auto => Ok(cpu(reason)),
         nccl::Probe::Unavailable(reason) => Err(crate::CommError::Backend(format!(
             "NCCL cannot run here: {reason} (--backend cpu or auto runs on the CPU)"

@@ -181,6 +181,15 @@ pub fn link_folder(library: &Path) -> Result<PathBuf> {
     Ok(folder)
 }
 
+/// Links `library` as `libnccl.so` and restarts this program with the link on LD_LIBRARY_PATH.
+/// Returns only on error.
+pub fn restart_with_link(library: &Path, var: &impl Fn(&str) -> Option<String>) -> CommError {
+    match link_folder(library) {
+        Ok(folder) => reexec_with(&folder, var),
+        Err(e) => e,
+    }
+}
+
 /// Replaces this process with itself, `folder` first on LD_LIBRARY_PATH. Returns only on error.
 pub fn reexec_with(folder: &Path, var: &impl Fn(&str) -> Option<String>) -> CommError {
     let path = match var("LD_LIBRARY_PATH") {

@@ -441,10 +441,8 @@ impl NcclBackend {
                         .map_err(cuda("recording an event"))?,
                 ),
             };
-            match event.try_is_complete().map_err(cuda(what))? {
-                true => Ok(Look::Done),
-                false => Ok(Look::Busy),
-            }
+            let complete = event.try_is_complete().map_err(cuda(what))?;
+            Ok(if complete { Look::Done } else { Look::Busy })
         };
         watch(
             &format!("NCCL {what} on rank {} to complete", self.rank),
@@ -496,10 +494,7 @@ impl NcclBackend {
     ) -> Result<()> {
         let count = recv.len();
         let (r, _r) = recv.device_ptr_mut(&self.stream);
-        let s = match send {
-            Some(send) => send.device_ptr(&self.stream).0,
-            None => r,
-        };
+        let s = send.map_or(r, |send| send.device_ptr(&self.stream).0);
         // SAFETY: both pointers address `count` elements of T on this rank's GPU.
         self.call("ncclBroadcast", |comm, stream| unsafe {
             result::broadcast(
