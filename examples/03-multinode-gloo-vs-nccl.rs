@@ -10,8 +10,8 @@
 //! all-reduces; an iteration's time is the slowest rank's (comm_core::timing).
 
 use clap::Parser;
-use comm_core::timing::{busbw, time_iterations, Collective};
-use comm_core::{BackendChoice, Communicator, LaunchArgs, ReduceOp, Topology};
+use comm_core::timing::{busbw, time_iterations};
+use comm_core::{BackendChoice, Collective, Communicator, LaunchArgs, ReduceOp, Topology};
 
 #[derive(Parser)]
 #[command(about = "Time a 100 MB all-reduce on the CPU backend and on NCCL, and compare")]
@@ -67,7 +67,6 @@ fn measure(comm: &Communicator, args: &Args) -> comm_core::Result<f64> {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    // The first communicator is always the CPU one: it works everywhere.
     let launch = LaunchArgs {
         nproc_per_node: args.nproc_per_node,
         backend: BackendChoice::Cpu,
@@ -85,23 +84,27 @@ fn main() -> std::process::ExitCode {
         }
         _ => None,
     };
-    let code = comm_core::launch::run_as(&launch, by_hand, |cpu| {
-        let cpu_time = measure(cpu, &args)?;
-        // Same ranks, same store, a second communicator: NCCL, where this machine can run it.
-        match cpu.with_backend(BackendChoice::Nccl) {
+    // ANCHOR: job
+    // One job, two communicators over the same ranks and store: the CPU one first (it works
+    // everywhere), then NCCL where this machine can run it.
+    let code = comm_core::launch::run_job(&launch, by_hand, |job| {
+        let cpu = job.communicator(BackendChoice::Cpu)?;
+        let cpu_time = measure(&cpu, &args)?;
+        match job.communicator(BackendChoice::Nccl) {
             Ok(gpu) => {
                 let gpu_time = measure(&gpu, &args)?;
-                if cpu.rank() == 0 {
+                if job.topology().rank == 0 {
                     println!(
                         "NCCL was {:.1}x faster than the CPU path",
                         cpu_time / gpu_time
                     );
                 }
             }
-            Err(why) if cpu.rank() == 0 => println!("Rank 0 (nccl): skipped: {why}"),
+            Err(why) if job.topology().rank == 0 => println!("Rank 0 (nccl): skipped: {why}"),
             Err(_) => {}
         }
         Ok(())
     });
+    // ANCHOR_END: job
     std::process::ExitCode::from(code.clamp(0, 255) as u8)
 }

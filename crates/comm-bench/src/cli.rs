@@ -106,7 +106,7 @@ pub struct BenchArgs {
     pub preset: Option<Preset>,
 
     /// Collectives to time, comma-separated, or "all": all_reduce, all_gather, reduce_scatter,
-    /// broadcast, reduce, sendrecv [default: all_reduce].
+    /// broadcast, reduce, sendrecv, alltoall [default: all_reduce].
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub collectives: Option<Vec<String>>,
 

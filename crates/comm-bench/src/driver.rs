@@ -12,10 +12,9 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use comm_core::backend::{self, BackendKind, Selection};
-use comm_core::launch::{connect, LaunchArgs, DEFAULT_CPU_RANKS};
+use comm_core::launch::{LaunchArgs, DEFAULT_CPU_RANKS};
 use comm_core::spawn::{self, Outcome, SpawnPlan};
-use comm_core::timing::Collective;
-use comm_core::{BackendChoice, Communicator, Device, ReduceOp, Topology};
+use comm_core::{BackendChoice, Collective, Communicator, Device, Job, ReduceOp, Topology};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
@@ -404,11 +403,14 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
         );
     }
     let result = (|| -> comm_core::Result<()> {
-        let first = connect(&topology, &launch_args(args, backends[0]))?;
-        measure_all(&first, plan, &topology, &mut sink)?;
-        for &choice in &backends[1..] {
-            match first.with_backend(choice) {
+        let launch = launch_args(args, backends[0]);
+        let job = Job::rendezvous(&topology, launch.backend, launch.timeout()?)?;
+        for (i, &choice) in backends.iter().enumerate() {
+            // Every backend over the same ranks and store: the first must work, the others are
+            // skipped where this machine cannot run them.
+            match job.communicator(choice) {
                 Ok(comm) => measure_all(&comm, plan, &topology, &mut sink)?,
+                Err(e) if i == 0 => return Err(e),
                 Err(e) if rank == 0 => eprintln!(
                     "comm-bench: skipping --backend {}: {e}",
                     choice_name(choice)
@@ -416,7 +418,7 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
                 Err(_) => {}
             }
         }
-        first.finish()
+        job.finish()
     })();
     match (result, sink) {
         (Err(e), _) => {

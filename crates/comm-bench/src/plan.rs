@@ -1,7 +1,6 @@
 //! What to measure: the flags, a preset's values under them, and the defaults under both.
 
-use comm_core::timing::Collective;
-use comm_core::{BackendChoice, DType, ReduceOp};
+use comm_core::{BackendChoice, Collective, DType, ReduceOp};
 
 use crate::cli::{BenchArgs, Placements, Preset};
 use crate::units::{sweep, Step};
@@ -24,35 +23,6 @@ pub struct Plan {
     /// None: the default for the backend (one per GPU, or the CPU default).
     pub world_sizes: Option<Vec<usize>>,
     pub inject_error: bool,
-}
-
-/// The collectives comm-bench can time. alltoall is not among them: comm-core's communicator has
-/// no alltoall (NCCL has none either; nccl-tests builds it from grouped send/recv).
-pub const SUPPORTED: [Collective; 6] = [
-    Collective::AllReduce,
-    Collective::AllGather,
-    Collective::ReduceScatter,
-    Collective::Broadcast,
-    Collective::Reduce,
-    Collective::SendRecv,
-];
-
-/// Whether the collective takes a reduction (and so an -o op and a redop column).
-pub fn reduces(c: Collective) -> bool {
-    matches!(
-        c,
-        Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter
-    )
-}
-
-/// Whether the collective has a root (-r).
-pub fn rooted(c: Collective) -> bool {
-    matches!(c, Collective::Broadcast | Collective::Reduce)
-}
-
-/// Whether an in-place form exists: send/recv between two buffers has none.
-pub fn has_in_place(c: Collective) -> bool {
-    c != Collective::SendRecv
 }
 
 /// A preset's values, each used where its flag was not given.
@@ -118,28 +88,15 @@ fn list<T: Copy>(
     Ok(Some(out))
 }
 
-fn parse_collective(s: &str) -> Result<Collective, String> {
-    let c: Collective = s.parse().map_err(|e: String| {
-        e.replace(", alltoall", "")
-            .replace("alltoall, ", "")
-            .replace("use one of", "use all or one of")
-    })?;
-    if !SUPPORTED.contains(&c) {
-        return Err(format!(
-            "{c} is not measured by comm-bench: comm-core's communicator has no {c} (NCCL has no \
-             such call either; nccl-tests builds it from grouped send/recv, which comm-core does \
-             not offer yet)"
-        ));
-    }
-    Ok(c)
-}
-
 impl Plan {
     pub fn resolve(args: &BenchArgs) -> Result<Plan, String> {
         let d = preset(args.preset);
-        let collectives = list(&args.collectives, &SUPPORTED, parse_collective)?
-            .or(d.collectives)
-            .unwrap_or_else(|| vec![Collective::AllReduce]);
+        let collectives = list(&args.collectives, &Collective::ALL, |s| {
+            s.parse::<Collective>()
+                .map_err(|e| e.replace("use one of", "use all or one of"))
+        })?
+        .or(d.collectives)
+        .unwrap_or_else(|| vec![Collective::AllReduce]);
         let dtypes = list(&args.dtypes, &DType::ALL, |s| s.parse())?.unwrap_or(vec![DType::F32]);
         let ops = list(&args.ops, &ReduceOp::ALL, |s| s.parse())?.unwrap_or(vec![ReduceOp::Sum]);
         if collectives.is_empty() || dtypes.is_empty() || ops.is_empty() {
@@ -192,12 +149,12 @@ impl Plan {
     }
 
     /// The (collective, dtype, op) tables of the sweep, in order; `op` is None for collectives
-    /// that do not reduce.
+    /// that do not reduce (the collective table says which do).
     pub fn tables(&self) -> Vec<(Collective, DType, Option<ReduceOp>)> {
         let mut out = Vec::new();
         for &c in &self.collectives {
             for &d in &self.dtypes {
-                if reduces(c) {
+                if c.describe().reduces {
                     out.extend(self.ops.iter().map(|&op| (c, d, Some(op))));
                 } else {
                     out.push((c, d, None));
@@ -261,10 +218,18 @@ mod tests {
     #[test]
     fn lists_and_all() {
         let p = plan(&["--collectives", "all", "-d", "all", "-o", "sum,max"]).unwrap();
-        assert_eq!(p.collectives, SUPPORTED.to_vec());
+        assert_eq!(p.collectives, Collective::ALL.to_vec());
         assert_eq!(p.dtypes.len(), 4);
         // reducing collectives get one table per op, the others one.
-        assert_eq!(p.tables().len(), 4 * (3 * 2 + 3));
+        let reducing = Collective::ALL
+            .iter()
+            .filter(|c| c.describe().reduces)
+            .count();
+        assert_eq!(reducing, 3);
+        assert_eq!(
+            p.tables().len(),
+            4 * (reducing * 2 + Collective::ALL.len() - reducing)
+        );
         let p = plan(&[
             "--collectives",
             "all-gather,sendrecv",
@@ -277,11 +242,11 @@ mod tests {
             vec![Collective::AllGather, Collective::SendRecv]
         );
         assert_eq!(p.world_sizes, Some(vec![2, 3]));
-        let err = plan(&["--collectives", "alltoall"]).unwrap_err();
-        assert!(err.contains("no alltoall"), "{err}");
+        let p = plan(&["--collectives", "alltoall,all-to-all"]).unwrap();
+        assert_eq!(p.collectives, vec![Collective::AllToAll; 2]);
         let err = plan(&["--collectives", "gather"]).unwrap_err();
         assert!(
-            err.contains("use all or one of") && !err.contains("alltoall"),
+            err.contains("use all or one of") && err.contains("alltoall"),
             "{err}"
         );
         assert!(plan(&["-d", "half8"]).is_err());

@@ -6,7 +6,8 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::Path;
 
-use comm_core::timing::{algbw, busbw, Collective};
+use comm_core::timing::{algbw, busbw};
+use comm_core::Collective;
 use serde::{Deserialize, Serialize};
 
 use crate::measure::{Measured, Outcome, Placement};

@@ -10,11 +10,11 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use comm_core::Collective;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::plan::SUPPORTED;
 use crate::record::{self, Row};
 use crate::units::human_bytes;
 
@@ -141,12 +141,15 @@ pub fn report(files: &[PathBuf], out: &Path) -> Result<Report, String> {
     md.push_str(&machines_table(&rows));
     md.push_str(
         "\nTime: median over iterations of the slowest rank's time. algbw = size / time; busbw = \
-         algbw × 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter), 1 (broadcast, \
-         reduce, sendrecv). Plots show out-of-place results where they were measured, else \
+         algbw × 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter, alltoall), 1 \
+         (broadcast, reduce, sendrecv). Plots show out-of-place results where they were measured, else \
          in-place.\n",
     );
 
-    let mut names: Vec<String> = SUPPORTED.iter().map(|c| c.name().to_string()).collect();
+    let mut names: Vec<String> = Collective::ALL
+        .iter()
+        .map(|c| c.name().to_string())
+        .collect();
     for r in &rows {
         if !names.contains(&r.collective) {
             names.push(r.collective.clone());

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use comm_bench::record::{self, Row};
-use comm_core::timing::Collective;
+use comm_core::Collective;
 
 /// A launcher's variables, removed so that comm-bench starts its own ranks.
 const LAUNCHER_VARS: [&str; 10] = [
@@ -81,14 +81,7 @@ fn quick_sweep_on_two_and_three_ranks() {
     ]);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     for ws in [2, 3] {
-        for c in [
-            "all_reduce",
-            "all_gather",
-            "reduce_scatter",
-            "broadcast",
-            "reduce",
-            "sendrecv",
-        ] {
+        for c in Collective::ALL.map(Collective::name) {
             assert!(
                 stdout.contains(&format!(
                     "# comm-bench {}: {c} on {ws} ranks (1 node), backend cpu",
@@ -99,14 +92,16 @@ fn quick_sweep_on_two_and_three_ranks() {
         }
     }
     assert!(stdout.contains("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"));
+    // One table per collective of comm-core's table and world size.
+    let tables = 2 * Collective::ALL.len();
     assert_eq!(
         stdout.matches("# Avg bus bandwidth    : ").count(),
-        12,
+        tables,
         "{stdout}"
     );
     assert_eq!(
         stdout.matches("# Wrong elements       : 0 OK").count(),
-        12,
+        tables,
         "{stdout}"
     );
     // 6 collectives x 3 sizes x 2 world sizes.
@@ -177,7 +172,7 @@ fn a_corrupted_result_is_counted_and_fails_the_run() {
     ]);
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
     let table = lines(&stdout);
-    assert_eq!(table.len(), 6, "{stdout}");
+    assert_eq!(table.len(), Collective::ALL.len(), "{stdout}");
     for l in table {
         // One element of one rank's result per placement: #wrong 1 (n/a where no in-place).
         let cols: Vec<&str> = l.split_whitespace().collect();
@@ -188,7 +183,13 @@ fn a_corrupted_result_is_counted_and_fails_the_run() {
         stdout.contains("# Wrong elements       : 2 FAILED"),
         "{stdout}"
     );
-    assert!(stderr.contains("11 wrong elements"), "{stderr}");
+    // One per placement measured: out of place for every collective, in place where it exists.
+    let placements: usize = Collective::ALL
+        .iter()
+        .map(|c| 1 + usize::from(c.describe().in_place))
+        .sum();
+    let wrong = format!("{placements} wrong elements");
+    assert!(stderr.contains(&wrong), "{wrong} in\n{stderr}");
 }
 
 #[test]
@@ -258,9 +259,9 @@ fn ranks_started_by_a_launcher_measure_together() {
 
 #[test]
 fn mistakes_are_explained() {
-    let (out, _, stderr) = run(&["--collectives", "alltoall"]);
+    let (out, _, stderr) = run(&["--collectives", "gather"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr.contains("no alltoall"), "{stderr}");
+    assert!(stderr.contains("unknown collective \"gather\""), "{stderr}");
     let (out, _, stderr) = run(&["-b", "1M", "-e", "1K"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr.contains("larger than -e/--maxbytes"), "{stderr}");

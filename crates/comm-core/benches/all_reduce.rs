@@ -7,7 +7,8 @@
 //! Each iteration starts after a barrier; its time is the slowest rank's.
 
 use comm_core::launch::{run_to_code, LaunchArgs};
-use comm_core::timing::{busbw, time_iterations, Collective};
+use comm_core::timing::{busbw, time_iterations};
+use comm_core::Collective;
 use comm_core::{BackendChoice, ReduceOp};
 
 const SIZES: [usize; 3] = [1 << 20, 10 << 20, 100 << 20];

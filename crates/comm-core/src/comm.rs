@@ -10,11 +10,10 @@ use cudarc::driver::CudaSlice;
 
 use crate::backend::cpu::{CpuBackend, Transport};
 use crate::backend::nccl::NcclBackend;
-use crate::backend::{BackendChoice, BackendKind, Device};
+use crate::backend::{BackendKind, Device};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{CommError, Result};
-use crate::store::{Store, StoreServer};
-use crate::topology::Topology;
+use crate::store::Store;
 
 /// Elements on the communicator's device: host memory for the CPU backend, GPU memory for NCCL.
 #[derive(Debug)]
@@ -78,90 +77,66 @@ enum Engine {
     Nccl(NcclBackend),
 }
 
-/// This rank's handle on the group.
+/// This rank's handle on a group of ranks that run collectives together: what a communicator
+/// is (rank, size, device, backend) and nothing of how the ranks were launched. A [`Job`]
+/// builds them; tests build CPU ones straight from a transport.
+///
+/// [`Job`]: crate::job::Job
 pub struct Communicator {
     rank: usize,
     world_size: usize,
     local_rank: usize,
     device: Device,
     engine: Engine,
-    /// The rendezvous store stays open for grids and barriers; rank 0 also serves it.
+    /// The rendezvous store, kept for grids: they gather a few cells to rank 0 out of band,
+    /// as c10d's process groups keep theirs.
     store: Option<Arc<Store>>,
-    server: Option<StoreServer>,
+    /// Names this communicator's keys in the store, so several can share one.
+    name: String,
     grids: AtomicU64,
-    /// Where this rank sits, when built through a launch: lets [`Communicator::with_backend`]
-    /// build siblings over the same store.
-    topology: Option<Topology>,
-    /// Names this communicator's keys in the store; siblings extend it.
-    prefix: String,
-    siblings: AtomicU64,
 }
 
 impl Communicator {
-    /// A CPU communicator over `transport`. `store` (and rank 0's `server`) stay alive with it.
-    pub fn cpu(
-        transport: Box<dyn Transport>,
-        local_rank: usize,
-        store: Option<Arc<Store>>,
-        server: Option<StoreServer>,
-    ) -> Communicator {
+    /// A CPU communicator over `transport`, with no store (no grids): how the tests run ranks as
+    /// threads.
+    pub fn cpu(transport: Box<dyn Transport>, local_rank: usize) -> Communicator {
         Communicator {
             rank: transport.rank(),
             world_size: transport.world_size(),
             local_rank,
             device: Device::Cpu(transport.rank()),
             engine: Engine::Cpu(CpuBackend::new(transport)),
-            store,
-            server,
+            store: None,
+            name: String::new(),
             grids: AtomicU64::new(0),
-            topology: None,
-            prefix: "comm0".into(),
-            siblings: AtomicU64::new(0),
         }
     }
 
-    /// An NCCL communicator on GPU `ordinal`. The store (and rank 0's server) stay alive with it.
-    pub fn nccl(
+    /// An NCCL communicator on GPU `ordinal`, for `rank` of `world_size`.
+    pub(crate) fn nccl(
         backend: NcclBackend,
-        topology: &Topology,
+        rank: usize,
+        world_size: usize,
+        local_rank: usize,
         ordinal: usize,
-        store: Arc<Store>,
-        server: Option<StoreServer>,
     ) -> Communicator {
         Communicator {
-            rank: topology.rank,
-            world_size: topology.world_size,
-            local_rank: topology.local_rank,
+            rank,
+            world_size,
+            local_rank,
             device: Device::Cuda(ordinal),
             engine: Engine::Nccl(backend),
-            store: Some(store),
-            server,
+            store: None,
+            name: String::new(),
             grids: AtomicU64::new(0),
-            topology: None,
-            prefix: "comm0".into(),
-            siblings: AtomicU64::new(0),
         }
     }
 
-    pub(crate) fn with_origin(mut self, topology: Topology, prefix: &str) -> Communicator {
-        self.topology = Some(topology);
-        self.prefix = prefix.to_string();
+    /// Gives the communicator the rendezvous store for its grids, its keys under `name`.
+    pub(crate) fn with_store(mut self, store: Arc<Store>, name: &str) -> Communicator {
+        self.store = Some(store);
+        self.name = name.to_string();
         self
-    }
-
-    /// Another communicator over the same ranks with another backend, met through the same
-    /// store: how one job compares the CPU path with NCCL. Every rank must call it.
-    pub fn with_backend(&self, choice: BackendChoice) -> Result<Communicator> {
-        let (Some(topology), Some(store)) = (&self.topology, &self.store) else {
-            return Err(CommError::Usage(
-                "with_backend needs a communicator built by a launch (comm_core::run)".into(),
-            ));
-        };
-        let selection = crate::backend::select(choice)?;
-        // Every rank builds its siblings in the same order, so the count names the same one.
-        let n = self.siblings.fetch_add(1, Ordering::SeqCst) + 1;
-        let prefix = format!("{}.{n}", self.prefix);
-        crate::launch::build(topology, &selection, store.clone(), None, &prefix)
     }
 
     pub fn rank(&self) -> usize {
@@ -191,21 +166,6 @@ impl Communicator {
     /// The rendezvous store, when this communicator was built through one.
     pub fn store(&self) -> Option<&Store> {
         self.store.as_deref()
-    }
-
-    /// Ends the job cleanly: waits for every rank, then rank 0 keeps serving the store until the
-    /// others have disconnected, so nobody loses it while waiting for an answer.
-    pub fn finish(self) -> Result<()> {
-        let Some(store) = self.store else {
-            return Ok(());
-        };
-        store.barrier("finish")?;
-        let timeout = store.timeout();
-        drop(store);
-        if let Some(server) = &self.server {
-            server.wait_until_idle(timeout.min(std::time::Duration::from_secs(10)));
-        }
-        Ok(())
     }
 
     /// Copies host values onto the device.
@@ -417,6 +377,22 @@ impl Communicator {
         }
     }
 
+    /// `send` and `recv` hold world_size blocks each: block `j` of this rank's `send` lands in
+    /// block `rank` of rank `j`'s `recv` (NCCL: one group of ncclSend/ncclRecv, as nccl-tests'
+    /// alltoall; CPU: a pairwise exchange). Out of place only.
+    pub fn all_to_all<T: Element>(&self, send: &Buffer<T>, recv: &mut Buffer<T>) -> Result<()> {
+        let _range = crate::profile::range(|| format!("all_to_all {} x {}", T::DTYPE, send.len()));
+        self.check_blocks("all_to_all", send.len())?;
+        same_len("all_to_all", send, recv)?;
+        let count = send.len() / self.world_size;
+        match &self.engine {
+            Engine::Cpu(cpu) => cpu.all_to_all(host(send)?, host_mut(recv)?),
+            Engine::Nccl(nccl) => {
+                nccl.all_to_all(device(send)?, device_mut(recv)?, count, self.world_size)
+            }
+        }
+    }
+
     /// Prints every rank's buffer as the course's grid, on rank 0, under `title`. Every rank
     /// must call it; only the cells shown travel (through the store), so it is cheap for long
     /// buffers.
@@ -424,11 +400,12 @@ impl Communicator {
         let step = self.grids.fetch_add(1, Ordering::SeqCst);
         let store = self.store.as_deref().ok_or_else(|| {
             CommError::Usage(
-                "print_grid needs a communicator built through the rendezvous store".into(),
+                "print_grid needs a communicator built by a Job (through the rendezvous store)"
+                    .into(),
             )
         })?;
         let row = crate::grid::Row::of(&self.to_host(buf)?);
-        let key = |rank: usize| format!("grid/{step}/{rank}");
+        let key = |rank: usize| format!("{}/grid/{step}/{rank}", self.name);
         if self.rank != 0 {
             return store.set(&key(self.rank), &row.encode());
         }

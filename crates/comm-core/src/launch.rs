@@ -1,17 +1,15 @@
 //! One call that turns `main` into a distributed program: [`run`] spawns the ranks when nobody
-//! else did, or, inside a rank, meets the others and hands the body a communicator.
+//! else did, or, inside a rank, meets the others and hands the body a communicator
+//! ([`run_job`] hands it the [`Job`] instead, to build several).
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::cpu::TcpTransport;
-use crate::backend::nccl::NcclBackend;
-use crate::backend::{self, BackendChoice, BackendKind, Selection};
+use crate::backend::{self, BackendChoice};
 use crate::comm::Communicator;
 use crate::error::{CommError, Result};
+use crate::job::Job;
 use crate::spawn::{self, Outcome, SpawnPlan};
-use crate::store::{Store, StoreServer};
 use crate::topology::Topology;
 
 /// Ranks started on a machine without GPUs when `-n` is not given.
@@ -35,6 +33,7 @@ pub struct LaunchArgs {
 }
 
 impl LaunchArgs {
+    /// `--timeout` as a duration; zero, negative and unrepresentable values are usage errors.
     pub fn timeout(&self) -> Result<Duration> {
         Duration::try_from_secs_f64(self.timeout)
             .ok()
@@ -68,6 +67,16 @@ pub fn run_as(
     given: Option<Topology>,
     body: impl FnOnce(&Communicator) -> Result<()>,
 ) -> i32 {
+    run_job(args, given, |job| body(&job.communicator(args.backend)?))
+}
+
+/// Like [`run_as`], but hands the body the [`Job`], from which it builds its communicators
+/// (several backends over the same ranks, as example 03 and comm-bench do).
+pub fn run_job(
+    args: &LaunchArgs,
+    given: Option<Topology>,
+    body: impl FnOnce(&Job) -> Result<()>,
+) -> i32 {
     let topology = match given.map_or_else(Topology::from_env, |t| Ok(Some(t))) {
         Ok(t) => t,
         Err(e) => {
@@ -79,9 +88,12 @@ pub fn run_as(
         None => spawn_ranks(args),
         Some(topology) => {
             let rank = topology.rank;
-            match connect(&topology, args).and_then(|comm| {
-                body(&comm)?;
-                comm.finish()
+            let job = args
+                .timeout()
+                .and_then(|timeout| Job::rendezvous(&topology, args.backend, timeout));
+            match job.and_then(|job| {
+                body(&job)?;
+                job.finish()
             }) {
                 Ok(()) => 0,
                 Err(e) => {
@@ -149,77 +161,4 @@ fn spawn_ranks(args: &LaunchArgs) -> i32 {
             1
         }
     }
-}
-
-/// Inside a rank: rendezvous at the store, then build the communicator of the chosen backend.
-pub fn connect(topology: &Topology, args: &LaunchArgs) -> Result<Communicator> {
-    let timeout = args.timeout()?;
-    let selection = backend::select(args.backend)?;
-    let (rank, world_size) = (topology.rank, topology.world_size);
-    if rank == 0 {
-        println!("{selection}");
-    }
-    let rendezvous = crate::profile::range(|| "rendezvous".into());
-    let server = match rank {
-        0 => Some(StoreServer::bind(topology.master_port, world_size)?),
-        _ => None,
-    };
-    let store = Arc::new(Store::connect(
-        &topology.master_addr,
-        topology.master_port,
-        rank,
-        world_size,
-        timeout,
-    )?);
-    drop(rendezvous);
-    build(topology, &selection, store, server, "comm0")
-}
-
-/// Builds a communicator of the selected backend among the ranks of `store`, its keys under
-/// `prefix` (one prefix per communicator, so several can share one store).
-pub(crate) fn build(
-    topology: &Topology,
-    selection: &Selection,
-    store: Arc<Store>,
-    server: Option<StoreServer>,
-    prefix: &str,
-) -> Result<Communicator> {
-    let (rank, world_size) = (topology.rank, topology.world_size);
-    let _range = crate::profile::range(|| format!("communicator init ({})", selection.kind));
-    // Every rank must run the same backend; rank 0's choice rules.
-    let key = format!("{prefix}/backend");
-    if rank == 0 {
-        store.set(&key, selection.kind.to_string().as_bytes())?;
-    } else {
-        let chosen = String::from_utf8_lossy(&store.get(&key)?).into_owned();
-        if chosen != selection.kind.to_string() {
-            return Err(CommError::Backend(format!(
-                "rank 0 runs the {chosen} backend but this rank would run {selection}; \
-                 give every rank the same --backend, or fix this node's CUDA/NCCL"
-            )));
-        }
-    }
-    let comm = match selection.kind {
-        BackendKind::Cpu => {
-            let transport =
-                TcpTransport::connect(&store, &format!("{prefix}/cpu"), rank, world_size)?;
-            Communicator::cpu(
-                Box::new(transport),
-                topology.local_rank,
-                Some(store),
-                server,
-            )
-        }
-        BackendKind::Nccl => {
-            let ordinal = backend::nccl::device_for(
-                topology.local_rank,
-                topology.local_world_size,
-                selection.gpus,
-            )?;
-            let nccl =
-                NcclBackend::connect(&store, &format!("{prefix}/nccl"), rank, world_size, ordinal)?;
-            Communicator::nccl(nccl, topology, ordinal, store, server)
-        }
-    };
-    Ok(comm.with_origin(topology.clone(), prefix))
 }

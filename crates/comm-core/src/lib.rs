@@ -3,14 +3,18 @@
 //! environment → [`topology`] → [`store`] (rendezvous) → [`backend`] → [`comm::Communicator`]
 //! → collectives on buffers → [`grid`] on rank 0.
 //!
-//! [`spawn`] starts the ranks when no launcher did; [`launch::run`] ties it all together.
+//! [`spawn`] starts the ranks when no launcher did; a [`job::Job`] is what a launch gives a rank
+//! and builds its communicators; [`launch::run`] ties it all together. Every collective is
+//! described once, in [`collective`]; [`check`], the tests and comm-bench read that table.
 
 pub mod backend;
 pub mod check;
+pub mod collective;
 pub mod comm;
 pub mod dtype;
 pub mod error;
 pub mod grid;
+pub mod job;
 pub mod launch;
 pub mod profile;
 pub mod spawn;
@@ -19,8 +23,10 @@ pub mod timing;
 pub mod topology;
 
 pub use backend::{BackendChoice, BackendKind, Device};
+pub use collective::Collective;
 pub use comm::{Buffer, Communicator};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{CommError, Result};
+pub use job::Job;
 pub use launch::{run, LaunchArgs};
 pub use topology::Topology;

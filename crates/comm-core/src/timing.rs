@@ -3,85 +3,14 @@
 //! Collectives return only when their work is done (NCCL's are waited for on the device), so the
 //! wall-clock time includes the device time. Bandwidths use nccl-tests' formulas:
 //! algbw = bytes / time, busbw = algbw × a factor that makes the number comparable to a link's
-//! speed whatever the world size (see [`Collective::bus_factor`]).
+//! speed whatever the world size (the collective table's [`Collective::bus_factor`]).
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::Instant;
 
+use crate::collective::Collective;
 use crate::comm::Communicator;
 use crate::dtype::ReduceOp;
 use crate::error::Result;
-
-/// The collectives a benchmark can time, named as nccl-tests names its programs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Collective {
-    AllReduce,
-    AllGather,
-    ReduceScatter,
-    Broadcast,
-    Reduce,
-    SendRecv,
-    AllToAll,
-}
-
-impl Collective {
-    pub const ALL: [Collective; 7] = [
-        Collective::AllReduce,
-        Collective::AllGather,
-        Collective::ReduceScatter,
-        Collective::Broadcast,
-        Collective::Reduce,
-        Collective::SendRecv,
-        Collective::AllToAll,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Collective::AllReduce => "all_reduce",
-            Collective::AllGather => "all_gather",
-            Collective::ReduceScatter => "reduce_scatter",
-            Collective::Broadcast => "broadcast",
-            Collective::Reduce => "reduce",
-            Collective::SendRecv => "sendrecv",
-            Collective::AllToAll => "alltoall",
-        }
-    }
-
-    /// busbw / algbw, from nccl-tests' PERFORMANCE.md: all_reduce moves 2(n-1)/n of the buffer
-    /// over each link; all_gather, reduce_scatter and alltoall (n-1)/n of the whole (gathered)
-    /// buffer; broadcast, reduce and sendrecv the buffer once.
-    pub fn bus_factor(self, world_size: usize) -> f64 {
-        let n = world_size as f64;
-        match self {
-            Collective::AllReduce => 2.0 * (n - 1.0) / n,
-            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
-                (n - 1.0) / n
-            }
-            Collective::Broadcast | Collective::Reduce | Collective::SendRecv => 1.0,
-        }
-    }
-}
-
-impl fmt::Display for Collective {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Collective {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let wanted = s.replace('-', "_");
-        Collective::ALL
-            .into_iter()
-            .find(|c| c.name() == wanted || c.name().replace('_', "") == wanted)
-            .ok_or_else(|| {
-                let names: Vec<_> = Collective::ALL.iter().map(|c| c.name()).collect();
-                format!("unknown collective {s:?}: use one of {}", names.join(", "))
-            })
-    }
-}
 
 /// GB/s (10^9 bytes per second, as nccl-tests reports) for `bytes` in `seconds`.
 pub fn algbw(bytes: usize, seconds: f64) -> f64 {
@@ -92,6 +21,7 @@ pub fn algbw(bytes: usize, seconds: f64) -> f64 {
     }
 }
 
+/// algbw × the collective's bus factor: comparable to a link's speed whatever the world size.
 pub fn busbw(collective: Collective, world_size: usize, bytes: usize, seconds: f64) -> f64 {
     algbw(bytes, seconds) * collective.bus_factor(world_size)
 }
@@ -159,36 +89,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nccl_tests_bus_factors() {
-        assert_eq!(Collective::AllReduce.bus_factor(2), 1.0);
-        assert_eq!(Collective::AllReduce.bus_factor(4), 1.5);
-        assert_eq!(Collective::AllGather.bus_factor(4), 0.75);
-        assert_eq!(Collective::ReduceScatter.bus_factor(8), 0.875);
-        assert_eq!(Collective::Broadcast.bus_factor(8), 1.0);
-        assert_eq!(Collective::AllReduce.bus_factor(1), 0.0);
+    fn bandwidths() {
         // 100 MB all_reduce in 100 ms on 4 ranks: algbw 1.0 GB/s, busbw 1.5 GB/s.
         assert!((algbw(100_000_000, 0.1) - 1.0).abs() < 1e-12);
         assert!((busbw(Collective::AllReduce, 4, 100_000_000, 0.1) - 1.5).abs() < 1e-12);
         assert_eq!(algbw(1, 0.0), 0.0);
-    }
-
-    #[test]
-    fn names_round_trip() {
-        for c in Collective::ALL {
-            assert_eq!(c.name().parse::<Collective>().unwrap(), c);
-        }
-        assert_eq!(
-            "all-reduce".parse::<Collective>().unwrap(),
-            Collective::AllReduce
-        );
-        assert_eq!(
-            "allreduce".parse::<Collective>().unwrap(),
-            Collective::AllReduce
-        );
-        assert!("gather"
-            .parse::<Collective>()
-            .unwrap_err()
-            .contains("use one of"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! Every collective and reduction, against a sequential reference on random data: world sizes 1
-//! to 8, lengths 0, 1, not divisible by the world size and 16 MiB, each dtype, in place and out of
-//! place, over both transports (channels between threads, and real TCP sockets).
+//! Every collective and reduction of comm-core's collective table, against a sequential
+//! reference on random data: world sizes 1 to 8, lengths 0, 1, not divisible by the world size
+//! and 16 MiB, each dtype, in place and out of place, over both transports (channels between
+//! threads, and real TCP sockets).
 //!
 //! Inputs are small whole numbers, so every float sum and product is exact and the ring's order
 //! of additions cannot make a correct result look wrong.
@@ -9,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use comm_core::backend::cpu::{ChannelTransport, TcpTransport, Transport};
-use comm_core::check::{input, reference};
+use comm_core::check::{cases, input, Case, Mismatch};
 use comm_core::store::{Store, StoreServer};
-use comm_core::{Communicator, Element, ReduceOp};
+use comm_core::{Collective, Communicator, Element, ReduceOp};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const BIG_BYTES: usize = 16 << 20;
@@ -54,7 +55,7 @@ fn on_ranks<R: Send>(n: usize, wire: Wire, body: impl Fn(&Communicator) -> R + S
                 let body = &body;
                 s.spawn(move || {
                     let rank = t.rank();
-                    body(&Communicator::cpu(t, rank, None, None))
+                    body(&Communicator::cpu(t, rank))
                 })
             })
             .collect();
@@ -62,216 +63,70 @@ fn on_ranks<R: Send>(n: usize, wire: Wire, body: impl Fn(&Communicator) -> R + S
     })
 }
 
-/// Small whole numbers, different on every rank (see `comm_core::check::input`).
-fn inputs<T: Element>(n: usize, len: usize, op: ReduceOp, seed: u64) -> Vec<Vec<T>> {
-    (0..n).map(|rank| input(seed, rank, len, op)).collect()
-}
-
-fn assert_same<T: Element>(got: &[T], want: &[T], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
-        panic!(
-            "{what}: element {i} is {:?}, expected {:?}",
-            got[i], want[i]
-        );
-    }
-}
-
-fn check_all_reduce<T: Element>(wire: Wire, n: usize, len: usize, op: ReduceOp) {
-    let data = inputs::<T>(n, len, op, (n * 7919 + len) as u64);
-    let want = reference(&data, op);
+/// Every case of the collective table (each collective, reduction and placement) for dtype `T`
+/// at each length, on one set of `n` ranks, checked against the sequential reference: the
+/// result, the untouched parts (a reduce's non-root buffers), and out of place the send buffer.
+/// Blocked collectives (all_gather, reduce_scatter, alltoall) get `len` split into n blocks,
+/// rounded up, so every collective moves about `len` elements.
+fn check_table<T: Element>(wire: Wire, n: usize, lens: &[usize]) {
     let results = on_ranks(n, wire, |comm| {
-        let mine = &data[comm.rank()];
-        let mut inplace = comm.buffer(mine).unwrap();
-        comm.all_reduce(&mut inplace, op).unwrap();
-        let send = comm.buffer(mine).unwrap();
-        let mut recv = comm.zeros::<T>(len).unwrap();
-        comm.all_reduce_into(&send, &mut recv, op).unwrap();
-        assert_eq!(comm.to_host(&send).unwrap(), *mine, "send buffer changed");
-        (
-            comm.to_host(&inplace).unwrap(),
-            comm.to_host(&recv).unwrap(),
-        )
+        let mut verdicts = Vec::new();
+        for &len in lens {
+            for case in cases(n, len, (n * 7919 + len) as u64) {
+                let blocks = case.collective.counts(1, n, 0).whole();
+                let case = Case {
+                    count: len.div_ceil(blocks),
+                    ..case
+                };
+                let mismatch = case.run::<T>(comm).unwrap();
+                verdicts.push((format!("{} len={len}", case.name(T::DTYPE)), mismatch));
+            }
+            verdicts.push((
+                format!("send/recv len={len}"),
+                blocking_send_recv::<T>(comm, len),
+            ));
+        }
+        verdicts
     });
-    for (rank, (inplace, outofplace)) in results.iter().enumerate() {
-        let what = format!(
-            "all_reduce {op} {} n={n} len={len} {wire:?} rank {rank}",
-            T::DTYPE
-        );
-        assert_same(inplace, &want, &format!("{what} in place"));
-        assert_same(outofplace, &want, &format!("{what} out of place"));
-    }
-}
-
-fn check_reduce<T: Element>(wire: Wire, n: usize, len: usize, op: ReduceOp) {
-    let data = inputs::<T>(n, len, op, (n * 31 + len) as u64);
-    let want = reference(&data, op);
-    let root = n / 2;
-    let results = on_ranks(n, wire, |comm| {
-        let mine = &data[comm.rank()];
-        let mut inplace = comm.buffer(mine).unwrap();
-        comm.reduce(&mut inplace, op, root).unwrap();
-        let send = comm.buffer(mine).unwrap();
-        let mut recv = comm.zeros::<T>(len).unwrap();
-        comm.reduce_into(&send, &mut recv, op, root).unwrap();
-        (
-            comm.to_host(&inplace).unwrap(),
-            comm.to_host(&recv).unwrap(),
-        )
-    });
-    for (rank, (inplace, outofplace)) in results.iter().enumerate() {
-        let what = format!(
-            "reduce {op} {} n={n} len={len} {wire:?} rank {rank}",
-            T::DTYPE
-        );
-        if rank == root {
-            assert_same(inplace, &want, &what);
-            assert_same(outofplace, &want, &what);
-        } else {
-            assert_same(
-                inplace,
-                &data[rank],
-                &format!("{what}: non-root buffer changed"),
-            );
-            assert_same(
-                outofplace,
-                &vec![T::default(); len],
-                &format!("{what}: non-root recv written"),
+    let expected_checks = lens.len() * (cases(n, 0, 0).len() + usize::from(n > 1));
+    for (rank, verdicts) in results.iter().enumerate() {
+        let ran = verdicts
+            .iter()
+            .filter(|(name, _)| !name.starts_with("send/recv") || n > 1);
+        assert_eq!(ran.count(), expected_checks, "rank {rank} ran every check");
+        for (name, mismatch) in verdicts {
+            assert_eq!(
+                mismatch.wrong,
+                0,
+                "{name} n={n} {wire:?} rank {rank}: {}",
+                mismatch.first.as_deref().unwrap_or("")
             );
         }
     }
 }
 
-fn check_reduce_scatter<T: Element>(wire: Wire, n: usize, count: usize, op: ReduceOp) {
-    let data = inputs::<T>(n, n * count, op, (n * 131 + count) as u64);
-    let want = reference(&data, op);
-    let results = on_ranks(n, wire, |comm| {
-        let rank = comm.rank();
-        let mine = &data[rank];
-        let mut inplace = comm.buffer(mine).unwrap();
-        comm.reduce_scatter(&mut inplace, op).unwrap();
-        let send = comm.buffer(mine).unwrap();
-        let mut recv = comm.zeros::<T>(count).unwrap();
-        comm.reduce_scatter_into(&send, &mut recv, op).unwrap();
-        let inplace = comm.to_host(&inplace).unwrap();
-        (
-            inplace[rank * count..(rank + 1) * count].to_vec(),
-            comm.to_host(&recv).unwrap(),
-        )
-    });
-    for (rank, (inplace, outofplace)) in results.iter().enumerate() {
-        let block = &want[rank * count..(rank + 1) * count];
-        let what = format!(
-            "reduce_scatter {op} {} n={n} count={count} {wire:?} rank {rank}",
-            T::DTYPE
-        );
-        assert_same(inplace, block, &format!("{what} in place"));
-        assert_same(outofplace, block, &format!("{what} out of place"));
-    }
-}
-
-fn check_all_gather<T: Element>(wire: Wire, n: usize, count: usize) {
-    let data = inputs::<T>(n, count, ReduceOp::Sum, (n * 17 + count) as u64);
-    let want: Vec<T> = data.concat();
-    let results = on_ranks(n, wire, |comm| {
-        let rank = comm.rank();
-        let mut staged = vec![T::default(); n * count];
-        staged[rank * count..(rank + 1) * count].copy_from_slice(&data[rank]);
-        let mut inplace = comm.buffer(&staged).unwrap();
-        comm.all_gather(&mut inplace).unwrap();
-        let send = comm.buffer(&data[rank]).unwrap();
-        let mut recv = comm.zeros::<T>(n * count).unwrap();
-        comm.all_gather_into(&send, &mut recv).unwrap();
-        (
-            comm.to_host(&inplace).unwrap(),
-            comm.to_host(&recv).unwrap(),
-        )
-    });
-    for (rank, (inplace, outofplace)) in results.iter().enumerate() {
-        let what = format!(
-            "all_gather {} n={n} count={count} {wire:?} rank {rank}",
-            T::DTYPE
-        );
-        assert_same(inplace, &want, &format!("{what} in place"));
-        assert_same(outofplace, &want, &format!("{what} out of place"));
-    }
-}
-
-fn check_broadcast<T: Element>(wire: Wire, n: usize, len: usize) {
-    let data = inputs::<T>(n, len, ReduceOp::Sum, (n * 5 + len) as u64);
-    let root = n - 1;
-    let results = on_ranks(n, wire, |comm| {
-        let mine = &data[comm.rank()];
-        let mut inplace = comm.buffer(mine).unwrap();
-        comm.broadcast(&mut inplace, root).unwrap();
-        let send = comm.buffer(mine).unwrap();
-        let mut recv = comm.zeros::<T>(len).unwrap();
-        comm.broadcast_into(&send, &mut recv, root).unwrap();
-        (
-            comm.to_host(&inplace).unwrap(),
-            comm.to_host(&recv).unwrap(),
-        )
-    });
-    for (rank, (inplace, outofplace)) in results.iter().enumerate() {
-        let what = format!(
-            "broadcast {} n={n} len={len} {wire:?} rank {rank}",
-            T::DTYPE
-        );
-        assert_same(inplace, &data[root], &format!("{what} in place"));
-        assert_same(outofplace, &data[root], &format!("{what} out of place"));
-    }
-}
-
-/// Each rank sends to the next and receives from the previous (even ranks send first).
-fn check_send_recv<T: Element>(wire: Wire, n: usize, len: usize) {
+/// Separate blocking calls, each rank sending to the next and receiving from the previous (even
+/// ranks send first, so no cycle of waiting senders forms).
+fn blocking_send_recv<T: Element>(comm: &Communicator, len: usize) -> Mismatch {
+    let (n, rank) = (comm.world_size(), comm.rank());
     if n < 2 {
-        return;
+        return Mismatch::default();
     }
-    let data = inputs::<T>(n, len, ReduceOp::Sum, (n * 3 + len) as u64);
-    let results = on_ranks(n, wire, |comm| {
-        let rank = comm.rank();
-        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-        let send = comm.buffer(&data[rank]).unwrap();
-        let mut recv = comm.zeros::<T>(len).unwrap();
-        if rank % 2 == 0 {
-            comm.send(&send, next).unwrap();
-            comm.recv(&mut recv, prev).unwrap();
-        } else {
-            comm.recv(&mut recv, prev).unwrap();
-            comm.send(&send, next).unwrap();
-        }
-        // The same ring with every rank sending first, through the combined call.
-        let mut both = comm.zeros::<T>(len).unwrap();
-        comm.send_recv(&send, next, &mut both, prev).unwrap();
-        comm.barrier().unwrap();
-        (comm.to_host(&recv).unwrap(), comm.to_host(&both).unwrap())
-    });
-    for (rank, (got, both)) in results.iter().enumerate() {
-        let what = format!(
-            "send/recv {} n={n} len={len} {wire:?} rank {rank}",
-            T::DTYPE
-        );
-        assert_same(got, &data[(rank + n - 1) % n], &what);
-        assert_same(
-            both,
-            &data[(rank + n - 1) % n],
-            &format!("{what} (send_recv)"),
-        );
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let send = comm
+        .buffer(&input::<T>(5, rank, len, ReduceOp::Sum))
+        .unwrap();
+    let mut recv = comm.zeros::<T>(len).unwrap();
+    if rank % 2 == 0 {
+        comm.send(&send, next).unwrap();
+        comm.recv(&mut recv, prev).unwrap();
+    } else {
+        comm.recv(&mut recv, prev).unwrap();
+        comm.send(&send, next).unwrap();
     }
-}
-
-/// All collectives for one dtype, one transport, one world size, at the given lengths.
-fn check_everything<T: Element>(wire: Wire, n: usize, lens: &[usize]) {
-    for &len in lens {
-        for op in ReduceOp::ALL {
-            check_all_reduce::<T>(wire, n, len, op);
-            check_reduce::<T>(wire, n, len, op);
-            check_reduce_scatter::<T>(wire, n, len.div_ceil(n), op);
-        }
-        check_all_gather::<T>(wire, n, len.div_ceil(n));
-        check_broadcast::<T>(wire, n, len);
-        check_send_recv::<T>(wire, n, len);
-    }
+    comm.barrier().unwrap();
+    let want = input::<T>(5, prev, len, ReduceOp::Sum);
+    Mismatch::between("recv", &comm.to_host(&recv).unwrap(), &want)
 }
 
 /// Lengths 0, 1 and a few not divisible by the world size, small and past the algorithms'
@@ -281,10 +136,10 @@ fn small_lengths(n: usize) -> Vec<usize> {
 }
 
 fn all_dtypes(wire: Wire, n: usize, lens: &[usize]) {
-    check_everything::<f32>(wire, n, lens);
-    check_everything::<f64>(wire, n, lens);
-    check_everything::<i32>(wire, n, lens);
-    check_everything::<i64>(wire, n, lens);
+    check_table::<f32>(wire, n, lens);
+    check_table::<f64>(wire, n, lens);
+    check_table::<i32>(wire, n, lens);
+    check_table::<i64>(wire, n, lens);
 }
 
 #[test]
@@ -301,18 +156,39 @@ fn tcp_world_sizes_1_to_8() {
     }
 }
 
-/// 16 MiB per rank, every collective and dtype, at an odd world size where blocks are uneven.
+/// 16 MiB per rank (plus one element), every collective and dtype, at an odd world size where
+/// blocks are uneven, with Sum and Max where the collective reduces.
 fn big(wire: Wire) {
     let n = 3;
     fn one<T: Element>(wire: Wire, n: usize) {
         let len = BIG_BYTES / std::mem::size_of::<T>() + 1;
-        check_all_reduce::<T>(wire, n, len, ReduceOp::Sum);
-        check_all_reduce::<T>(wire, n, len, ReduceOp::Max);
-        check_reduce::<T>(wire, n, len, ReduceOp::Sum);
-        check_reduce_scatter::<T>(wire, n, len.div_ceil(n), ReduceOp::Sum);
-        check_all_gather::<T>(wire, n, len.div_ceil(n));
-        check_broadcast::<T>(wire, n, len);
-        check_send_recv::<T>(wire, n, len);
+        let results = on_ranks(n, wire, |comm| {
+            let mut verdicts = Vec::new();
+            for case in cases(n, len, 16) {
+                if case.collective.describe().reduces
+                    && ![ReduceOp::Sum, ReduceOp::Max].contains(&case.op)
+                {
+                    continue;
+                }
+                let blocks = case.collective.counts(1, n, 0).whole();
+                let case = Case {
+                    count: len.div_ceil(blocks),
+                    ..case
+                };
+                verdicts.push((case.name(T::DTYPE), case.run::<T>(comm).unwrap()));
+            }
+            verdicts.push(("send/recv".into(), blocking_send_recv::<T>(comm, len)));
+            verdicts
+        });
+        for (rank, verdicts) in results.iter().enumerate() {
+            for (name, mismatch) in verdicts {
+                let first = mismatch.first.as_deref().unwrap_or("");
+                assert_eq!(
+                    mismatch.wrong, 0,
+                    "{name} 16 MiB {wire:?} rank {rank}: {first}"
+                );
+            }
+        }
     }
     one::<f32>(wire, n);
     one::<f64>(wire, n);
@@ -332,9 +208,34 @@ fn tcp_16_mib() {
 
 #[test]
 fn tcp_16_mib_eight_ranks() {
+    let n = 8;
     let len = BIG_BYTES / 4;
-    check_all_reduce::<f32>(Wire::Tcp, 8, len, ReduceOp::Avg);
-    check_broadcast::<f32>(Wire::Tcp, 8, len);
+    let results = on_ranks(n, Wire::Tcp, |comm| {
+        [
+            (Collective::AllReduce, ReduceOp::Avg, true),
+            (Collective::Broadcast, ReduceOp::Sum, true),
+            (Collective::Broadcast, ReduceOp::Sum, false),
+        ]
+        .map(|(collective, op, in_place)| {
+            let case = Case {
+                collective,
+                count: len,
+                op,
+                root: n - 1,
+                in_place,
+                seed: 8,
+            };
+            (
+                case.name(comm_core::DType::F32),
+                case.run::<f32>(comm).unwrap(),
+            )
+        })
+    });
+    for verdicts in &results {
+        for (name, mismatch) in verdicts {
+            assert_eq!(mismatch.wrong, 0, "{name}: {:?}", mismatch.first);
+        }
+    }
 }
 
 #[test]
@@ -392,7 +293,7 @@ fn a_peer_that_disappears_is_reported() {
                     let store =
                         Arc::new(Store::connect("127.0.0.1", port, rank, 2, TIMEOUT).unwrap());
                     let t = TcpTransport::connect(&store, "gone", rank, 2).unwrap();
-                    let comm = Communicator::cpu(Box::new(t), rank, None, None);
+                    let comm = Communicator::cpu(Box::new(t), rank);
                     if rank == 1 {
                         return None; // drops its sockets: as if the process died
                     }

@@ -79,6 +79,8 @@ fn collective_check_reports_every_collective() {
         "broadcast float out-of-place",
         "send/recv double",
         "sendrecv int32",
+        "alltoall float out-of-place",
+        "alltoall int64 out-of-place",
     ] {
         assert_eq!(
             stdout
@@ -89,10 +91,13 @@ fn collective_check_reports_every_collective() {
             "{name} in\n{stdout}"
         );
     }
-    assert!(
-        stdout.contains("checks: 296 passed, 0 failed on 2 ranks (cpu)"),
-        "{stdout}"
-    );
+    // Every check the collective table gives 2 ranks, for each dtype, at both lengths.
+    let per_len: usize = comm_core::DType::ALL
+        .iter()
+        .map(|&dtype| comm_core::check::names(2, dtype).len())
+        .sum();
+    let summary = format!("checks: {} passed, 0 failed on 2 ranks (cpu)", 2 * per_len);
+    assert!(stdout.contains(&summary), "{summary} in\n{stdout}");
 }
 
 /// Runs `nccl-probe` with none of the places libnccl is looked for, but `env`.

@@ -1,5 +1,5 @@
 //! The classic collective algorithms, CPU-mediated as Gloo runs them, over any [`Transport`].
-//! They work in place on host slices; `CpuComm` builds the out-of-place calls on top.
+//! They work in place on host slices; [`super::CpuBackend`] builds the out-of-place calls on top.
 //!
 //! - broadcast: a binomial tree for small messages (log2 n hops), a pipelined chain for large ones
 //!   (each rank forwards a segment while receiving the next, so time ≈ bytes / bandwidth).
@@ -9,6 +9,8 @@
 //!   2(n-1)/n × bytes — the factor in nccl-tests' busbw.
 //! - reduce_scatter and all_gather: the two halves of that ring.
 //! - reduce: a binomial tree for small messages; ring reduce-scatter then a gather for large.
+//! - all_to_all: a pairwise exchange: in step s every rank sends to rank+s while it receives
+//!   from rank-s, so each link carries one block at a time and no rank waits on a busy peer.
 
 use std::ops::Range;
 
@@ -307,6 +309,27 @@ fn tree_reduce<T: Element>(
     }
     Ok(())
 }
+
+// ANCHOR: all_to_all
+/// `send` and `recv` hold n equal blocks: block `j` of `send` goes to rank `j`, and block `i` of
+/// `recv` comes from rank `i`.
+pub fn all_to_all<T: Element>(t: &dyn Transport, send: &[T], recv: &mut [T]) -> Result<()> {
+    let (n, rank) = (t.world_size(), t.rank());
+    let count = send.len() / n;
+    let block = |i: usize| i * count..(i + 1) * count;
+    recv[block(rank)].copy_from_slice(&send[block(rank)]);
+    for step in 1..n {
+        let (to, from) = ((rank + step) % n, (rank + n - step) % n);
+        t.send_recv(
+            to,
+            cast_slice(&send[block(to)]),
+            from,
+            cast_slice_mut(&mut recv[block(from)]),
+        )?;
+    }
+    Ok(())
+}
+// ANCHOR_END: all_to_all
 
 /// Dissemination barrier: in round k each rank signals rank+2^k and hears from rank-2^k.
 pub fn barrier(t: &dyn Transport) -> Result<()> {

@@ -105,6 +105,10 @@ impl CpuBackend {
         Ok(())
     }
 
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        algorithms::all_to_all(self.transport(), send, recv)
+    }
+
     pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
         self.transport.send(peer, bytemuck::cast_slice(buf))
     }

@@ -656,6 +656,44 @@ impl NcclBackend {
         })
     }
 
+    /// `send` and `recv` hold world_size blocks of `count`: one group with a send of block `j` to
+    /// rank `j` and a receive of block `j` from rank `j` for every rank, as nccl-tests' alltoall
+    /// (NCCL runs the whole group at once, so no rank waits for another's turn).
+    pub fn all_to_all<T: Element>(
+        &self,
+        send: &CudaSlice<T>,
+        recv: &mut CudaSlice<T>,
+        count: usize,
+        world_size: usize,
+    ) -> Result<()> {
+        let block_bytes = (count * std::mem::size_of::<T>()) as u64;
+        let (s, _s) = send.device_ptr(&self.stream);
+        let (r, _r) = recv.device_ptr_mut(&self.stream);
+        let dtype = data_type(T::DTYPE);
+        // SAFETY: `send` and `recv` each hold world_size × count elements on this GPU (the
+        // communicator checked the lengths), so every block pointer addresses `count` of them;
+        // the guards `_s` and `_r` keep both buffers alive until the group is enqueued; the
+        // group is closed whatever happens inside it.
+        // ANCHOR: nccl_all_to_all
+        self.call("ncclSend/ncclRecv alltoall group", |comm, stream| unsafe {
+            result::group_start()?;
+            let mut queued = Ok(result::NcclStatus::Success);
+            for peer in 0..world_size {
+                let at = peer as u64 * block_bytes;
+                queued = queued
+                    .and_then(|_| {
+                        result::send((s + at) as _, count, dtype, peer as i32, comm, stream)
+                    })
+                    .and_then(|_| {
+                        result::recv((r + at) as _, count, dtype, peer as i32, comm, stream)
+                    });
+            }
+            let ended = result::group_end();
+            queued.and(ended)
+        })
+        // ANCHOR_END: nccl_all_to_all
+    }
+
     /// An all-reduce of one element: returns when every rank got here.
     pub fn barrier(&self) -> Result<()> {
         let mut token = self.upload(&[0i32])?;

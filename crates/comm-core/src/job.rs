@@ -1,0 +1,149 @@
+//! A job: what a launch gives a rank, and what communicators are built from. It holds where the
+//! rank sits ([`Topology`]), the rendezvous store every rank met at, and on rank 0 the store's
+//! server. Communicators come from [`Job::communicator`], one per backend if wanted, all over the
+//! same store (how example 03 and comm-bench compare the CPU path with NCCL on the same ranks);
+//! a communicator itself knows nothing of how it was launched.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::cpu::TcpTransport;
+use crate::backend::nccl::{self, NcclBackend};
+use crate::backend::{self, BackendChoice, BackendKind, Selection};
+use crate::comm::Communicator;
+use crate::error::{CommError, Result};
+use crate::store::{Store, StoreServer};
+use crate::topology::Topology;
+
+/// One rank's part in a launched job.
+pub struct Job {
+    topology: Topology,
+    /// What `--backend` chose at launch, before the rendezvous.
+    selection: Selection,
+    choice: BackendChoice,
+    store: Arc<Store>,
+    /// Rank 0 serves the store for everyone until the job finishes.
+    server: Option<StoreServer>,
+    /// Communicators built so far: the next one's name in the store.
+    built: AtomicU64,
+}
+
+impl Job {
+    /// Meets the other ranks: decides the backend (rank 0 says which and why), then rank 0
+    /// serves the store at MASTER_PORT and every rank connects to it.
+    ///
+    /// The backend is decided first because the decision may restart the program (to link
+    /// pip's `libnccl.so.2`, see [`nccl::library`]), which must happen before any socket exists.
+    pub fn rendezvous(
+        topology: &Topology,
+        choice: BackendChoice,
+        timeout: Duration,
+    ) -> Result<Job> {
+        let selection = backend::select(choice)?;
+        let (rank, world_size) = (topology.rank, topology.world_size);
+        if rank == 0 {
+            println!("{selection}");
+        }
+        let _range = crate::profile::range(|| "rendezvous".into());
+        let server = match rank {
+            0 => Some(StoreServer::bind(topology.master_port, world_size)?),
+            _ => None,
+        };
+        let store = Store::connect(
+            &topology.master_addr,
+            topology.master_port,
+            rank,
+            world_size,
+            timeout,
+        )?;
+        Ok(Job {
+            topology: topology.clone(),
+            selection,
+            choice,
+            store: Arc::new(store),
+            server,
+            built: AtomicU64::new(0),
+        })
+    }
+
+    /// Where this rank sits.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// The backend `--backend` chose at launch, and why.
+    pub fn selection(&self) -> &Selection {
+        &self.selection
+    }
+
+    /// The rendezvous store, for a program's own out-of-band exchanges.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The store's timeout: how long any wait of this job may take.
+    pub fn timeout(&self) -> Duration {
+        self.store.timeout()
+    }
+
+    /// Builds a communicator of `choice` over this job's ranks. Every rank must call it, in the
+    /// same order (the n-th communicator of every rank meets under the same keys), and every
+    /// rank must end up on the same backend: rank 0's decision rules, and a rank that would run
+    /// another one fails saying so.
+    pub fn communicator(&self, choice: BackendChoice) -> Result<Communicator> {
+        let selection = match choice == self.choice {
+            true => self.selection.clone(),
+            false => backend::select(choice)?,
+        };
+        let name = format!("comm{}", self.built.fetch_add(1, Ordering::SeqCst));
+        let topology = &self.topology;
+        let (rank, world_size) = (topology.rank, topology.world_size);
+        let _range = crate::profile::range(|| format!("communicator init ({})", selection.kind));
+        let key = format!("{name}/backend");
+        if rank == 0 {
+            self.store
+                .set(&key, selection.kind.to_string().as_bytes())?;
+        } else {
+            let chosen = String::from_utf8_lossy(&self.store.get(&key)?).into_owned();
+            if chosen != selection.kind.to_string() {
+                return Err(CommError::Backend(format!(
+                    "rank 0 runs the {chosen} backend but this rank would run {selection}; \
+                     give every rank the same --backend, or fix this node's CUDA/NCCL"
+                )));
+            }
+        }
+        let comm = match selection.kind {
+            BackendKind::Cpu => {
+                let prefix = format!("{name}/cpu");
+                let transport = TcpTransport::connect(&self.store, &prefix, rank, world_size)?;
+                Communicator::cpu(Box::new(transport), topology.local_rank)
+            }
+            BackendKind::Nccl => {
+                let ordinal = nccl::device_for(
+                    topology.local_rank,
+                    topology.local_world_size,
+                    selection.gpus,
+                )?;
+                let prefix = format!("{name}/nccl");
+                let backend =
+                    NcclBackend::connect(&self.store, &prefix, rank, world_size, ordinal)?;
+                Communicator::nccl(backend, rank, world_size, topology.local_rank, ordinal)
+            }
+        };
+        Ok(comm.with_store(self.store.clone(), &name))
+    }
+
+    /// Ends the job cleanly: waits for every rank, then rank 0 keeps serving the store until the
+    /// others have disconnected, so nobody loses it while waiting for an answer.
+    pub fn finish(self) -> Result<()> {
+        self.store.barrier("finish")?;
+        let timeout = self.store.timeout();
+        // Our own connection must close too before the server counts itself idle.
+        drop(self.store);
+        if let Some(server) = &self.server {
+            server.wait_until_idle(timeout.min(Duration::from_secs(10)));
+        }
+        Ok(())
+    }
+}
