@@ -229,7 +229,7 @@ fn ranks_started_by_a_launcher_measure_together() {
         rank0.contains("all_reduce on 2 ranks (1 node), backend cpu"),
         "{rank0}"
     );
-    assert_eq!(lines(&rank0).len(), 1, "{rank0}");
+    assert_eq!(lines(rank0).len(), 1, "{rank0}");
     assert!(
         err0.contains("--world-sizes applies only when comm-bench starts the ranks"),
         "{err0}"
