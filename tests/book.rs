@@ -1,6 +1,7 @@
 //! The book (`docs/`) never drifts from the code: every chapter listed in `docs/src/SUMMARY.md`
 //! is read, its links checked, and every output block marked `<!-- output: COMMAND -->` is
 //! produced again by running COMMAND and compared. The convention is in `docs/README.md`.
+//! The book shows a machine without GPUs: where there are some, the commands run with them hidden.
 //!
 //! `cargo test --test book -- --nocapture` also prints the figure: code blocks (and how many are
 //! included from the real files), output blocks (and how many are checked).
@@ -8,6 +9,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
+
+use test_support::backend::{self, Kind};
+use test_support::build::example;
 
 const CHECKED: &str = "<!-- output: ";
 const ILLUSTRATIVE: &str = "<!-- output-illustrative: ";
@@ -101,23 +106,42 @@ fn blocks(chapter: &str) -> Vec<Block> {
     out
 }
 
-/// The example binary, built once per test run (as in tests/examples.rs).
-fn example(name: &str) -> PathBuf {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    BUILT.call_once(|| {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--examples", "-p", "nccl-workshop"])
-            .status()
-            .unwrap();
-        assert!(status.success(), "cargo build --examples failed");
-    });
-    let test_exe = std::env::current_exe().unwrap();
-    let dir = test_exe.parent().unwrap().parent().unwrap();
-    dir.join("examples").join(name)
+/// The book's output blocks come from a machine without GPUs, whose programs say
+/// `backend: cpu (no CUDA driver found)`.
+const BOOK_CPU_REASON: &str = "no CUDA driver found";
+
+/// How the book's commands run here so that they print what the book shows.
+struct AsInTheBook {
+    /// Set for every command: on a machine with GPUs, `CUDA_VISIBLE_DEVICES=` hides them.
+    envs: Vec<(&'static str, &'static str)>,
+    /// Why the programs run on the CPU here, read as [`BOOK_CPU_REASON`] when it differs.
+    cpu_reason: String,
+}
+
+fn as_in_the_book() -> &'static AsInTheBook {
+    static HERE: OnceLock<AsInTheBook> = OnceLock::new();
+    HERE.get_or_init(|| {
+        let hello = example("00-hello-world");
+        let here = backend::on_this_machine(&hello, &[]);
+        if here.kind == Kind::Cpu {
+            return AsInTheBook {
+                envs: vec![],
+                cpu_reason: here.reason,
+            };
+        }
+        let envs = vec![("CUDA_VISIBLE_DEVICES", "")];
+        let hidden = backend::on_this_machine(&hello, &envs);
+        assert_eq!(hidden.kind, Kind::Cpu, "CUDA_VISIBLE_DEVICES= hides no GPU");
+        AsInTheBook {
+            envs,
+            cpu_reason: hidden.reason,
+        }
+    })
 }
 
 /// Runs `cargo run [--release] --example NAME [-- ARGS]` with the debug example binary (the
-/// output is the same but for timings, which are normalized). Returns stdout and stderr.
+/// output is the same but for timings, which are normalized), on the CPU as in the book.
+/// Returns stdout and stderr.
 fn run(command: &str) -> String {
     let words: Vec<&str> = command.split_whitespace().collect();
     let (cargo, args) =
@@ -131,10 +155,12 @@ fn run(command: &str) -> String {
             panic!("cannot run `{command}`: only `cargo run [--release] --example NAME [-- ARGS]`")
         }
     };
+    let book = as_in_the_book();
     let output = Command::new(example(name))
         .args(args)
         .env_remove("RANK")
         .env_remove("SLURM_PROCID")
+        .envs(book.envs.iter().copied())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -143,7 +169,7 @@ fn run(command: &str) -> String {
         output.status.success(),
         "`{command}` failed:\n{stdout}\n{stderr}"
     );
-    format!("{stdout}{stderr}")
+    format!("{stdout}{stderr}").replace(&book.cpu_reason, BOOK_CPU_REASON)
 }
 
 /// Lines that each rank prints on its own, in whatever order the processes get there.

@@ -1,29 +1,14 @@
 //! The course examples, run as a user runs them (the built example binaries, which spawn their
 //! own ranks), their printed grids read back cell by cell.
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::Duration;
 
-/// The example binary, built (or brought up to date) once per test run: `cargo test --test
-/// examples` alone does not rebuild examples, and a stale one would test old code.
-fn example(name: &str) -> PathBuf {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    BUILT.call_once(|| {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--examples", "-p", "nccl-workshop"])
-            .status()
-            .unwrap();
-        assert!(status.success(), "cargo build --examples failed");
-    });
-    let test_exe = std::env::current_exe().unwrap();
-    test_exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name)
-}
+use test_support::backend::{self, Backend, Kind};
+use test_support::build::example;
+use test_support::grid::{expect_cells, grid};
+use test_support::process::run_together;
 
 fn run(name: &str, args: &[&str]) -> Output {
     let output = Command::new(example(name))
@@ -41,41 +26,25 @@ fn run(name: &str, args: &[&str]) -> Output {
     output
 }
 
-/// The grid under `title`: for each rank in order, its cells.
-fn grid(stdout: &str, title: &str) -> Vec<Vec<String>> {
-    let mut lines = stdout.lines().skip_while(|l| *l != title).skip(1);
-    let mut rows = Vec::new();
-    for line in lines.by_ref() {
-        if line.trim().is_empty() {
-            break;
-        }
-        if let Some(rest) = line.strip_prefix("Gpu ") {
-            let (rank, cells) = rest.split_once('|').expect("a row has cells");
-            assert_eq!(
-                rank.trim().parse::<usize>().unwrap(),
-                rows.len(),
-                "rows in rank order"
-            );
-            let cells = cells.rsplit_once('|').unwrap().0;
-            rows.push(cells.split('|').map(|c| c.trim().to_string()).collect());
-        } else {
-            assert!(
-                line.trim().chars().all(|c| c == '-'),
-                "unexpected line in grid: {line:?}"
-            );
-        }
-    }
-    assert!(!rows.is_empty(), "no grid titled {title:?} in:\n{stdout}");
-    rows
+/// What `--backend auto` picks on this machine: the tests expect that, not a machine without GPUs.
+fn this_machine() -> &'static Backend {
+    static BACKEND: OnceLock<Backend> = OnceLock::new();
+    BACKEND.get_or_init(|| backend::on_this_machine(&example("00-hello-world"), &[]))
 }
 
-fn expect_cells(rows: &[Vec<String>], n: usize, len: usize, cell: impl Fn(usize) -> String) {
-    assert_eq!(rows.len(), n, "one row per rank");
-    for (rank, row) in rows.iter().enumerate() {
-        assert_eq!(row.len(), len, "rank {rank}: {row:?}");
-        for value in row {
-            assert_eq!(*value, cell(rank), "rank {rank}: {row:?}");
-        }
+/// Rank counts the examples can run with on this machine: NCCL needs a GPU per rank.
+fn world_sizes() -> Vec<usize> {
+    match this_machine().kind {
+        Kind::Cpu => vec![2, 3, 4],
+        Kind::Nccl => (1..=this_machine().gpus().min(4)).collect(),
+    }
+}
+
+/// The device a rank of a one-node job names on this machine's backend.
+fn device(rank: usize) -> String {
+    match this_machine().kind {
+        Kind::Cpu => format!("cpu:{rank}"),
+        Kind::Nccl => format!("cuda:{rank}"),
     }
 }
 
@@ -103,28 +72,31 @@ fn hello_world_greets_from_every_rank() {
 
 #[test]
 fn broadcast_copies_rank_zeros_42s_everywhere() {
-    for n in [2, 3, 4] {
+    for n in world_sizes() {
         let out = run("01-broadcast", &["-n", &n.to_string()]);
         let stdout = String::from_utf8(out.stdout).unwrap();
-        assert!(stdout.starts_with("backend: cpu ("), "{stdout}");
+        assert_eq!(Backend::first_line_of(&stdout), *this_machine(), "{stdout}");
         for rank in 0..n {
-            assert!(stdout.contains(&format!("Rank {rank} using device: cpu:{rank}\n")));
+            let line = format!("Rank {rank} using device: {}\n", device(rank));
+            assert!(stdout.contains(&line), "{line:?} in\n{stdout}");
         }
         let before = grid(&stdout, "Before broadcast:");
-        expect_cells(&before, n, 4, |rank| {
-            if rank == 0 { "42" } else { "0" }.into()
-        });
+        expect_cells(&before, n, 4, |rank| if rank == 0 { "42" } else { "0" });
         let after = grid(&stdout, "After broadcast:");
-        expect_cells(&after, n, 4, |_| "42".into());
+        expect_cells(&after, n, 4, |_| "42");
     }
 }
 
 #[test]
-fn broadcast_default_is_four_ranks_and_long_buffers_are_elided() {
+fn broadcast_default_is_a_rank_per_gpu_or_four_and_long_buffers_are_elided() {
     let out = run("01-broadcast", &["--len", "1000"]);
     let stdout = String::from_utf8(out.stdout).unwrap();
     let after = grid(&stdout, "After broadcast:");
-    assert_eq!(after.len(), 4);
+    let default_ranks = match this_machine().kind {
+        Kind::Cpu => 4,
+        Kind::Nccl => this_machine().gpus(),
+    };
+    assert_eq!(after.len(), default_ranks);
     for row in after {
         assert_eq!(row, ["42", "42", "42", "...", "42", "42", "42"]);
     }
@@ -133,17 +105,18 @@ fn broadcast_default_is_four_ranks_and_long_buffers_are_elided() {
 
 #[test]
 fn allreduce_sums_ones_to_the_world_size() {
-    for n in [2, 3, 4] {
+    for n in world_sizes() {
         let out = run("02-allreduce", &["-n", &n.to_string()]);
         let stdout = String::from_utf8(out.stdout).unwrap();
         let before = grid(&stdout, "Before reduce:");
-        expect_cells(&before, n, 4, |_| "1".into());
+        expect_cells(&before, n, 4, |_| "1");
         let after = grid(&stdout, "After reduce:");
         expect_cells(&after, n, 4, |_| n.to_string());
     }
 }
 
-fn fails(name: &str, args: &[&str], envs: &[(&str, &str)]) -> String {
+/// Runs an example that must fail; returns its exit code and stderr.
+fn fails_with_code(name: &str, args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String) {
     let mut command = Command::new(example(name));
     command
         .args(args)
@@ -159,13 +132,30 @@ fn fails(name: &str, args: &[&str], envs: &[(&str, &str)]) -> String {
         !stderr.contains("panicked"),
         "a panic reached the user:\n{stderr}"
     );
-    stderr
+    (output.status.code(), stderr)
+}
+
+fn fails(name: &str, args: &[&str], envs: &[(&str, &str)]) -> String {
+    fails_with_code(name, args, envs).1
 }
 
 #[test]
 fn bad_input_gets_a_clear_message() {
-    let e = fails("01-broadcast", &["--backend", "nccl"], &[]);
-    assert!(e.contains("NCCL cannot run here"), "{e}");
+    let machine = this_machine();
+    match machine.kind {
+        // The reason `auto` fell back to the CPU is the reason `--backend nccl` is refused.
+        Kind::Cpu => {
+            let (code, e) = fails_with_code("01-broadcast", &["--backend", "nccl"], &[]);
+            assert_eq!(code, Some(2), "{e}");
+            let refusal = format!("NCCL cannot run here: {}", machine.reason);
+            assert!(e.contains(&refusal), "{refusal:?} in\n{e}");
+        }
+        Kind::Nccl => {
+            let out = run("01-broadcast", &["--backend", "nccl"]);
+            let stdout = String::from_utf8(out.stdout).unwrap();
+            assert_eq!(Backend::first_line_of(&stdout).kind, Kind::Nccl, "{stdout}");
+        }
+    }
     let e = fails("01-broadcast", &["-n", "0"], &[]);
     assert!(e.contains("--nproc-per-node 0"), "{e}");
     let e = fails("01-broadcast", &["--timeout", "0"], &[]);
@@ -223,64 +213,76 @@ fn timing_line(stdout: &str, backend: &str) -> (usize, f64, f64) {
     (mb, ms, busbw)
 }
 
-fn check_gloo_vs_nccl(stdout: &str, mb: usize) {
+/// Where example 03's ranks run: `nodes` pretended nodes on this one machine, `ranks_per_node`
+/// ranks each.
+struct Layout {
+    nodes: usize,
+    ranks_per_node: usize,
+}
+
+/// Example 03 timed the CPU path, and NCCL too where this machine can run it for `layout`;
+/// where it cannot, it says why.
+fn check_gloo_vs_nccl(stdout: &str, mb: usize, layout: Layout) {
     assert_eq!(timing_line(stdout, "cpu").0, mb);
-    // No GPU here: the NCCL line says why it was skipped.
-    assert!(
-        stdout.contains("Rank 0 (nccl): skipped: NCCL cannot run here: no CUDA driver found"),
-        "{stdout}"
-    );
+    let machine = this_machine();
+    let gpus = machine.gpus();
+    match machine.kind {
+        Kind::Cpu => {
+            let skipped = format!(
+                "Rank 0 (nccl): skipped: NCCL cannot run here: {}",
+                machine.reason
+            );
+            assert!(stdout.contains(&skipped), "{skipped:?} in\n{stdout}");
+        }
+        Kind::Nccl if layout.nodes == 1 && layout.ranks_per_node <= gpus => {
+            assert_eq!(timing_line(stdout, "nccl").0, mb);
+            assert!(stdout.contains("NCCL was "), "{stdout}");
+        }
+        // Too many ranks for the GPUs, or pretended nodes sharing them (NCCL refuses two
+        // ranks on one GPU).
+        Kind::Nccl => {
+            assert!(stdout.contains("Rank 0 (nccl): skipped: "), "{stdout}");
+            if layout.ranks_per_node > gpus {
+                let why = format!(
+                    "{} ranks on this node but only {gpus} GPU",
+                    layout.ranks_per_node
+                );
+                assert!(stdout.contains(&why), "{why:?} in\n{stdout}");
+            }
+        }
+    }
 }
 
 #[test]
-fn gloo_vs_nccl_times_the_cpu_path_and_says_why_nccl_was_skipped() {
-    for n in ["2", "4"] {
+fn gloo_vs_nccl_times_the_cpu_path_and_nccl_where_it_can_run() {
+    let mut sizes = vec![2, 4];
+    if this_machine().kind == Kind::Nccl && !sizes.contains(&this_machine().gpus()) {
+        sizes.push(this_machine().gpus());
+    }
+    for n in sizes {
         let out = run(
             "03-multinode-gloo-vs-nccl",
-            &["-n", n, "--size-mb", "2", "--iters", "3", "--warmup", "1"],
+            &[
+                "-n",
+                &n.to_string(),
+                "--size-mb",
+                "2",
+                "--iters",
+                "3",
+                "--warmup",
+                "1",
+            ],
         );
-        check_gloo_vs_nccl(&String::from_utf8(out.stdout).unwrap(), 2);
+        let layout = Layout {
+            nodes: 1,
+            ranks_per_node: n,
+        };
+        check_gloo_vs_nccl(&String::from_utf8(out.stdout).unwrap(), 2, layout);
     }
 }
 
-/// A binary of another package in this workspace, brought up to date first.
-fn workspace_binary(package: &str, name: &str) -> PathBuf {
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "-p", package])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let test_exe = std::env::current_exe().unwrap();
-    test_exe.parent().unwrap().parent().unwrap().join(name)
-}
-
-/// Starts every command at once (the processes of one job), waits for all, and checks each
-/// succeeded.
-fn run_together(commands: Vec<Command>) -> Vec<Output> {
-    let children: Vec<_> = commands
-        .into_iter()
-        .map(|mut c| {
-            c.env_remove("RANK")
-                .env_remove("SLURM_PROCID")
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let outputs: Vec<Output> = children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect();
-    for (i, out) in outputs.iter().enumerate() {
-        assert!(
-            out.status.success(),
-            "process {i}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    outputs
-}
+/// Generous: each job's own --timeout is 60 s.
+const JOB_LIMIT: Duration = Duration::from_secs(180);
 
 const QUICK: [&str; 8] = [
     "--size-mb",
@@ -295,7 +297,7 @@ const QUICK: [&str; 8] = [
 
 #[test]
 fn gloo_vs_nccl_across_two_launchers_as_two_nodes() {
-    let commrun = workspace_binary("commrun", "commrun");
+    let commrun = test_support::build::binary("commrun", "commrun");
     let example = example("03-multinode-gloo-vs-nccl");
     let port = comm_core::spawn::free_port().unwrap().to_string();
     let nodes = (0..2)
@@ -305,15 +307,24 @@ fn gloo_vs_nccl_across_two_launchers_as_two_nodes() {
                 .args(["--nproc-per-node", "2", "--master-addr", "127.0.0.1"])
                 .args(["--master-port", &port, "--no-prefix"])
                 .arg(&example)
-                .args(QUICK);
+                .args(QUICK)
+                .env_remove("RANK")
+                .env_remove("SLURM_PROCID");
             c
         })
         .collect();
-    let outputs = run_together(nodes);
+    let outputs = run_together(nodes, JOB_LIMIT);
+    for (node, out) in outputs.iter().enumerate() {
+        out.assert_success(&format!("commrun of node {node}"));
+    }
     // Rank 0 lives on node 0, and its lines say 4 ranks took part (busbw factor 2·3/4).
-    let stdout = String::from_utf8(outputs[0].stdout.clone()).unwrap();
-    check_gloo_vs_nccl(&stdout, 2);
-    let (_, ms, busbw) = timing_line(&stdout, "cpu");
+    let stdout = &outputs[0].stdout;
+    let layout = Layout {
+        nodes: 2,
+        ranks_per_node: 2,
+    };
+    check_gloo_vs_nccl(stdout, 2, layout);
+    let (_, ms, busbw) = timing_line(stdout, "cpu");
     let expected = 2e6 / (ms / 1e3) / 1e9 * 1.5;
     assert!(
         (busbw - expected).abs() <= 0.01 + expected * 0.02,
@@ -329,12 +340,22 @@ fn gloo_vs_nccl_started_by_hand_with_the_courses_flags() {
             let mut c = Command::new(example("03-multinode-gloo-vs-nccl"));
             c.args(["--world-size", "2", "--rank", &rank.to_string()])
                 .args(["--master-addr", "127.0.0.1", "--master-port", &port])
-                .args(QUICK);
+                .args(QUICK)
+                .env_remove("RANK")
+                .env_remove("SLURM_PROCID");
             c
         })
         .collect();
-    let outputs = run_together(ranks);
-    check_gloo_vs_nccl(&String::from_utf8(outputs[0].stdout.clone()).unwrap(), 2);
+    let outputs = run_together(ranks, JOB_LIMIT);
+    for (rank, out) in outputs.iter().enumerate() {
+        out.assert_success(&format!("rank {rank}"));
+    }
+    // Started by hand, each rank is a node of its own; here they share this machine.
+    let layout = Layout {
+        nodes: 2,
+        ranks_per_node: 1,
+    };
+    check_gloo_vs_nccl(&outputs[0].stdout, 2, layout);
     let e = fails(
         "03-multinode-gloo-vs-nccl",
         &["--world-size", "2", "--rank", "2"],

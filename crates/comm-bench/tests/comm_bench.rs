@@ -1,11 +1,13 @@
 //! comm-bench run as a user runs it: sweeps on the CPU backend with 2 and 3 ranks, a corrupted
 //! result caught by the check, ranks started by a launcher, and `report` on a fixed CSV.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
 
 use comm_bench::record::{self, Row};
 use comm_core::Collective;
+use test_support::process::{run_together, scratch};
 
 /// A launcher's variables, removed so that comm-bench starts its own ranks.
 const LAUNCHER_VARS: [&str; 10] = [
@@ -34,13 +36,6 @@ fn run(args: &[&str]) -> (Output, String, String) {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     (out, stdout, stderr)
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("comm-bench-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// Table lines (not comments) of stdout.
@@ -198,55 +193,44 @@ fn ranks_started_by_a_launcher_measure_together() {
     let port = comm_core::spawn::free_port().unwrap().to_string();
     let dir = scratch("launcher");
     let csv = dir.join("r.csv");
-    let children: Vec<_> = (0..2)
+    let ranks = (0..2)
         .map(|rank| {
-            comm_bench()
-                .args([
-                    "--backend",
-                    "cpu,nccl",
-                    "-b",
-                    "1M",
-                    "-e",
-                    "1M",
-                    "-n",
-                    "2",
-                    "-w",
-                    "1",
-                ])
-                .args(["--timeout", "60"])
-                .args(["--world-sizes", "4", "--csv", csv.to_str().unwrap()])
-                .envs([
-                    ("RANK", rank.to_string()),
-                    ("LOCAL_RANK", rank.to_string()),
-                    ("WORLD_SIZE", "2".into()),
-                    ("LOCAL_WORLD_SIZE", "2".into()),
-                    ("MASTER_ADDR", "127.0.0.1".into()),
-                    ("MASTER_PORT", port.clone()),
-                ])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
+            let mut c = comm_bench();
+            c.args([
+                "--backend",
+                "cpu,nccl",
+                "-b",
+                "1M",
+                "-e",
+                "1M",
+                "-n",
+                "2",
+                "-w",
+                "1",
+            ])
+            .args(["--timeout", "60"])
+            .args(["--world-sizes", "4", "--csv", csv.to_str().unwrap()])
+            .envs([
+                ("RANK", rank.to_string()),
+                ("LOCAL_RANK", rank.to_string()),
+                ("WORLD_SIZE", "2".into()),
+                ("LOCAL_WORLD_SIZE", "2".into()),
+                ("MASTER_ADDR", "127.0.0.1".into()),
+                ("MASTER_PORT", port.clone()),
+            ]);
+            c
         })
         .collect();
-    let outs: Vec<Output> = children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect();
-    let rank0 = String::from_utf8_lossy(&outs[0].stdout);
-    let err0 = String::from_utf8_lossy(&outs[0].stderr);
+    let outs = run_together(ranks, Duration::from_secs(180));
+    let (rank0, err0) = (&outs[0].stdout, &outs[0].stderr);
     for o in &outs {
-        assert!(
-            o.status.success(),
-            "{rank0}\n{err0}\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        assert!(o.status.success(), "{rank0}\n{err0}\n{}", o.stderr);
     }
     assert!(
         rank0.contains("all_reduce on 2 ranks (1 node), backend cpu"),
         "{rank0}"
     );
-    assert_eq!(lines(&rank0).len(), 1, "{rank0}");
+    assert_eq!(lines(rank0).len(), 1, "{rank0}");
     assert!(
         err0.contains("--world-sizes applies only when comm-bench starts the ranks"),
         "{err0}"

@@ -6,11 +6,12 @@
 //! function runs `comm_core::launch` instead of checking.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use comm_core::launch::{run_to_code, LaunchArgs};
 use comm_core::{BackendChoice, ReduceOp};
+use test_support::process::{assert_all_gone, scratch, start, wait_for_pid_files, Running};
 
 /// What a rank does in each scenario, with its pid recorded in `PID_DIR`.
 fn as_rank(scenario: &str) -> ! {
@@ -49,73 +50,20 @@ fn job(test: &str, scenario: &str, timeout: &str, dir: &Path) -> Command {
         .env("JOB_TIMEOUT", timeout)
         .env("PID_DIR", dir)
         .env_remove("RANK")
-        .env_remove("SLURM_PROCID")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env_remove("SLURM_PROCID");
     command
-}
-
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("comm-core-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// Waits for the ranks to record their pids.
 fn rank_pids(dir: &Path, n: usize) -> Vec<i32> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let pids: Vec<i32> = (0..n)
-            .filter_map(|r| {
-                std::fs::read_to_string(dir.join(r.to_string()))
-                    .ok()?
-                    .parse()
-                    .ok()
-            })
-            .collect();
-        if pids.len() == n {
-            return pids;
-        }
-        assert!(Instant::now() < deadline, "ranks did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_pid_files(dir, 0..n, Duration::from_secs(20))
 }
 
-fn alive(pid: i32) -> bool {
-    // A zombie has been killed but not yet reaped; it runs nothing.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.contains(") Z "),
-        Err(_) => false,
-    }
-}
-
-fn assert_all_gone(pids: &[i32]) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while pids.iter().any(|&p| alive(p)) {
-        assert!(
-            Instant::now() < deadline,
-            "orphaned ranks still running: {pids:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn wait_with_limit(mut child: Child, limit: Duration) -> (i32, String) {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut stderr = String::new();
-            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-            return (status.code().unwrap_or(-1), stderr);
-        }
-        if started.elapsed() > limit {
-            child.kill().unwrap();
-            panic!("the job hung for {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Waits for the job (failing the test if it hangs): its exit code (-1 when killed by a signal)
+/// and stderr.
+fn wait_with_limit(job: Running, limit: Duration) -> (i32, String) {
+    let finished = job.finish(limit);
+    (finished.status.code().unwrap_or(-1), finished.stderr)
 }
 
 #[test]
@@ -126,14 +74,12 @@ fn a_rank_that_exits_early_stops_the_job_with_its_code() {
     let dir = scratch("exit-early");
     let started = Instant::now();
     // A 60 s timeout: ending within seconds proves the parent stopped the others.
-    let child = job(
+    let child = start(&mut job(
         "a_rank_that_exits_early_stops_the_job_with_its_code",
         "exit-early",
         "60",
         &dir,
-    )
-    .spawn()
-    .unwrap();
+    ));
     let (code, stderr) = wait_with_limit(child, Duration::from_secs(30));
     assert_eq!(
         code, 3,
@@ -161,20 +107,20 @@ fn without_a_parent_the_others_fail_by_themselves() {
     // Started one by one as torchrun or srun would: nobody stops the survivors but themselves.
     let dir = scratch("no-parent");
     let port = comm_core::spawn::free_port().unwrap();
-    let ranks: Vec<Child> = (0..3)
+    let ranks: Vec<Running> = (0..3)
         .map(|rank| {
-            job(
+            let mut rank_job = job(
                 "without_a_parent_the_others_fail_by_themselves",
                 "exit-early",
                 "60",
                 &dir,
-            )
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", "3")
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .spawn()
-            .unwrap()
+            );
+            rank_job
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", "3")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string());
+            start(&mut rank_job)
         })
         .collect();
     let results: Vec<(i32, String)> = ranks
@@ -204,14 +150,12 @@ fn a_rank_that_never_answers_fails_the_job_at_the_timeout() {
     }
     let dir = scratch("hang");
     let started = Instant::now();
-    let child = job(
+    let child = start(&mut job(
         "a_rank_that_never_answers_fails_the_job_at_the_timeout",
         "hang",
         "2",
         &dir,
-    )
-    .spawn()
-    .unwrap();
+    ));
     let (code, stderr) = wait_with_limit(child, Duration::from_secs(30));
     assert_ne!(code, 0);
     assert!(
@@ -232,16 +176,14 @@ fn ctrl_c_reaches_every_rank_and_leaves_no_orphan() {
         as_rank(&scenario);
     }
     let dir = scratch("ctrl-c");
-    let child = job(
+    let child = start(&mut job(
         "ctrl_c_reaches_every_rank_and_leaves_no_orphan",
         "hang",
         "60",
         &dir,
-    )
-    .spawn()
-    .unwrap();
+    ));
     let pids = rank_pids(&dir, 3);
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    child.signal(libc::SIGINT);
     let (code, stderr) = wait_with_limit(child, Duration::from_secs(20));
     assert_eq!(code, 130, "128 + SIGINT; stderr:\n{stderr}");
     assert!(stderr.contains("interrupted"), "{stderr}");
@@ -254,16 +196,13 @@ fn a_killed_parent_takes_its_ranks_with_it() {
         as_rank(&scenario);
     }
     let dir = scratch("kill-parent");
-    let mut child = job(
+    let child = start(&mut job(
         "a_killed_parent_takes_its_ranks_with_it",
         "hang",
         "60",
         &dir,
-    )
-    .spawn()
-    .unwrap();
+    ));
     let pids = rank_pids(&dir, 3);
-    child.kill().unwrap(); // SIGKILL: no chance to clean up
-    child.wait().unwrap();
+    child.kill(); // SIGKILL: no chance to clean up
     assert_all_gone(&pids);
 }

@@ -9,32 +9,14 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The example binaries, brought up to date once per test run: a stale one would check old code.
+use test_support::build;
+
+/// The folder of the example binaries gpu-check.sh runs (the root package's and comm-core's),
+/// brought up to date: a stale one would check old code.
 fn examples_dir() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let status = Command::new(env!("CARGO"))
-                .args([
-                    "build",
-                    "--examples",
-                    "-p",
-                    "nccl-workshop",
-                    "-p",
-                    "comm-core",
-                ])
-                .status()
-                .unwrap();
-            assert!(status.success());
-            let test_exe = std::env::current_exe().unwrap();
-            test_exe
-                .parent()
-                .unwrap()
-                .parent()
-                .unwrap()
-                .join("examples")
-        })
-        .clone()
+    build::package_example("comm-core", "collective-check");
+    let hello = build::example("00-hello-world");
+    hello.parent().unwrap().to_path_buf()
 }
 
 #[test]
@@ -65,7 +47,7 @@ fn the_gpu_check_script_passes_on_the_cpu_backend() {
 
 #[test]
 fn collective_check_reports_every_collective() {
-    let output = Command::new(examples_dir().join("collective-check"))
+    let output = Command::new(build::package_example("comm-core", "collective-check"))
         .args(["--backend", "cpu", "-n", "2", "--lens", "0,5"])
         .env_remove("RANK")
         .output()
@@ -104,7 +86,7 @@ fn collective_check_reports_every_collective() {
 fn probe(env: &[(&str, &str)]) -> (Output, String) {
     let home = std::env::temp_dir().join(format!("nccl-probe-home-{}", std::process::id()));
     std::fs::create_dir_all(&home).unwrap();
-    let mut command = Command::new(examples_dir().join("nccl-probe"));
+    let mut command = Command::new(build::package_example("comm-core", "nccl-probe"));
     for var in [
         "LD_LIBRARY_PATH",
         "NCCL_LIBRARY",

@@ -6,12 +6,17 @@
 //! `comm_core::launch` instead of checking.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use comm_core::launch::{run_to_code, LaunchArgs};
+use test_support::build::example;
+use test_support::grid::Grid;
+use test_support::process::{
+    assert_all_gone, scratch, start, wait_for_pid_files, Finished, Running,
+};
 
 const COMMRUN: &str = env!("CARGO_BIN_EXE_commrun");
 
@@ -51,28 +56,6 @@ fn succeeds(args: &[&str]) -> String {
 /// A port outside the kernel's ephemeral range, so nothing else grabs it before the job binds it.
 fn free_port() -> u16 {
     comm_core::spawn::free_port().unwrap()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("commrun-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// The example binary cargo built for the root package, building it if needed.
-fn example(name: &str) -> PathBuf {
-    let test_exe = std::env::current_exe().unwrap();
-    let profile_dir = test_exe.parent().unwrap().parent().unwrap();
-    let path = profile_dir.join("examples").join(name);
-    if !path.exists() {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", "nccl-workshop", "--example", name])
-            .status()
-            .unwrap();
-        assert!(status.success(), "cargo build --example {name} failed");
-    }
-    path
 }
 
 /// The torchrun variables each worker saw, by rank, from lines `[r]: NAME=value …`.
@@ -259,70 +242,16 @@ fn output_is_prefixed_by_rank_never_torn_and_the_prefix_can_go() {
     assert_eq!(lines, ["plain 0", "plain 1"]);
 }
 
-fn alive(pid: i32) -> bool {
-    // A zombie has been killed but not yet reaped: it runs nothing.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.contains(") Z "),
-        Err(_) => false,
-    }
-}
-
-fn assert_all_gone(pids: &[i32]) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while pids.iter().any(|&p| alive(p)) {
-        assert!(
-            Instant::now() < deadline,
-            "orphaned workers still running: {pids:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Waits until `n` workers wrote their pid into `dir/RANK`.
+/// Waits until the workers of `ranks` wrote their pid into `dir/RANK`.
 fn worker_pids(dir: &Path, ranks: std::ops::Range<usize>) -> Vec<i32> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let pids: Vec<i32> = ranks
-            .clone()
-            .filter_map(|r| {
-                std::fs::read_to_string(dir.join(r.to_string()))
-                    .ok()?
-                    .trim()
-                    .parse()
-                    .ok()
-            })
-            .collect();
-        if pids.len() == ranks.len() {
-            return pids;
-        }
-        assert!(Instant::now() < deadline, "workers did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_pid_files(dir, ranks, Duration::from_secs(30))
 }
 
-/// Waits for `child` (killing it and failing if it takes longer than `limit`).
-fn finish(mut child: Child, limit: Duration) -> (i32, String, String) {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            use std::os::unix::process::ExitStatusExt;
-            let code = status
-                .code()
-                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
-            return (code, text(&out.stdout), text(&out.stderr));
-        }
-        if started.elapsed() > limit {
-            child.kill().unwrap();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "commrun hung for {limit:?}:\n{}\n{}",
-                text(&out.stdout),
-                text(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+/// Waits for a started commrun (killing it and failing if it takes longer than `limit`): its
+/// exit code (128 + the signal when killed by one), stdout and stderr.
+fn finish(commrun: Running, limit: Duration) -> (i32, String, String) {
+    let finished: Finished = commrun.finish(limit);
+    (finished.code_or_signal(), finished.stdout, finished.stderr)
 }
 
 #[test]
@@ -335,9 +264,14 @@ fn a_failed_worker_stops_the_others_and_commrun_says_why() {
         dir.display()
     );
     let started = Instant::now();
-    let child = commrun(&["--nproc-per-node", "3", "--standalone", "sh", "-c", &script])
-        .spawn()
-        .unwrap();
+    let child = start(&mut commrun(&[
+        "--nproc-per-node",
+        "3",
+        "--standalone",
+        "sh",
+        "-c",
+        &script,
+    ]));
     let pids = worker_pids(&dir, 0..3);
     let (code, _, stderr) = finish(child, Duration::from_secs(30));
     assert_eq!(
@@ -380,9 +314,14 @@ fn a_failed_worker_stops_the_others_and_commrun_says_why() {
          if [ $RANK = 2 ]; then sleep 0.5; date +%s%N > {0}/crashed; kill -SEGV $$; fi; exec sleep 60",
         dir.display()
     );
-    let child = commrun(&["--nproc-per-node", "3", "--standalone", "sh", "-c", &script])
-        .spawn()
-        .unwrap();
+    let child = start(&mut commrun(&[
+        "--nproc-per-node",
+        "3",
+        "--standalone",
+        "sh",
+        "-c",
+        &script,
+    ]));
     let pids = worker_pids(&dir, 0..3);
     let (code, _, stderr) = finish(child, Duration::from_secs(30));
     let exited = std::time::SystemTime::now()
@@ -415,7 +354,7 @@ fn workers_that_ignore_sigterm_are_killed_after_the_shutdown_timeout() {
          if [ $RANK = 0 ]; then sleep 0.5; exit 1; fi; while :; do sleep 0.1; done",
         dir.display()
     );
-    let child = commrun(&[
+    let child = start(&mut commrun(&[
         "--nproc-per-node",
         "2",
         "--standalone",
@@ -424,9 +363,7 @@ fn workers_that_ignore_sigterm_are_killed_after_the_shutdown_timeout() {
         "sh",
         "-c",
         &script,
-    ])
-    .spawn()
-    .unwrap();
+    ]));
     let pids = worker_pids(&dir, 0..2);
     let started = Instant::now();
     let (code, _, stderr) = finish(child, Duration::from_secs(30));
@@ -447,12 +384,16 @@ fn ctrl_c_reaches_every_worker_and_leaves_no_orphan() {
          while :; do sleep 0.1; done",
         dir.display()
     );
-    let child = commrun(&["--nproc-per-node", "3", "--standalone", "sh", "-c", &script])
-        .spawn()
-        .unwrap();
+    let child = start(&mut commrun(&[
+        "--nproc-per-node",
+        "3",
+        "--standalone",
+        "sh",
+        "-c",
+        &script,
+    ]));
     let pids = worker_pids(&dir, 0..3);
-    // SAFETY: kill(2) on the child we started.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    child.signal(libc::SIGINT);
     let (code, stdout, stderr) = finish(child, Duration::from_secs(30));
     assert_eq!(code, 130, "{stderr}");
     for rank in 0..3 {
@@ -473,39 +414,17 @@ fn ctrl_c_reaches_every_worker_and_leaves_no_orphan() {
         "echo $$ > {0}/$RANK.tmp && mv {0}/$RANK.tmp {0}/$RANK; exec sleep 60",
         dir.display()
     );
-    let mut child = commrun(&["--nproc-per-node", "3", "--standalone", "sh", "-c", &script])
-        .spawn()
-        .unwrap();
+    let child = start(&mut commrun(&[
+        "--nproc-per-node",
+        "3",
+        "--standalone",
+        "sh",
+        "-c",
+        &script,
+    ]));
     let pids = worker_pids(&dir, 0..3);
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.kill();
     assert_all_gone(&pids);
-}
-
-/// The grid under `title` in rank 0's prefixed output: for each rank in order, its cells.
-fn grid(stdout: &str, title: &str) -> Vec<Vec<String>> {
-    let rank0: Vec<&str> = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("[0]: "))
-        .collect();
-    let mut rows = Vec::new();
-    for line in rank0
-        .iter()
-        .skip_while(|l| **l != title)
-        .skip(1)
-        .take_while(|l| !l.trim().is_empty())
-    {
-        if let Some(rest) = line.strip_prefix("Gpu ") {
-            let (rank, cells) = rest.split_once('|').unwrap();
-            assert_eq!(rank.trim().parse::<usize>().unwrap(), rows.len());
-            let cells = cells.rsplit_once('|').unwrap().0;
-            rows.push(cells.split('|').map(|c| c.trim().to_string()).collect());
-        } else {
-            assert!(line.trim().chars().all(|c| c == '-'), "in grid: {line:?}");
-        }
-    }
-    assert!(!rows.is_empty(), "no grid {title:?} in:\n{stdout}");
-    rows
 }
 
 #[test]
@@ -513,22 +432,22 @@ fn two_commruns_on_one_machine_form_one_job() {
     let allreduce = example("02-allreduce");
     let port = free_port().to_string();
     let node = |rank: &str| {
-        commrun(&[
-            "--nnodes",
-            "2",
-            "--node-rank",
-            rank,
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            &port,
-        ])
-        .arg(&allreduce)
-        .args(["--backend", "cpu", "--timeout", "60", "--len", "5"])
-        .spawn()
-        .unwrap()
+        start(
+            commrun(&[
+                "--nnodes",
+                "2",
+                "--node-rank",
+                rank,
+                "--nproc-per-node",
+                "2",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                &port,
+            ])
+            .arg(&allreduce)
+            .args(["--backend", "cpu", "--timeout", "60", "--len", "5"]),
+        )
     };
     // Node 1 first: its workers wait for node 0's store, as on a real cluster.
     let node1 = node("1");
@@ -545,7 +464,7 @@ fn two_commruns_on_one_machine_form_one_job() {
         assert!(out1.contains(&format!("[{rank}]: Rank {rank} using device: cpu:{rank}")));
     }
     for (title, value) in [("Before reduce:", "1"), ("After reduce:", "4")] {
-        let rows = grid(&out0, title);
+        let rows = Grid::titled(title).prefix("[0]: ").read(&out0);
         assert_eq!(rows.len(), 4, "world size 4: {rows:?}");
         for row in rows {
             assert_eq!(row, vec![value; 5]);
@@ -583,38 +502,37 @@ fn a_lost_node_is_named_by_the_other_nodes_workers() {
     let dir = scratch("lost-node");
     let port = free_port().to_string();
     let node = |rank: &str| {
-        commrun(&[
-            "--nnodes",
-            "2",
-            "--node-rank",
-            rank,
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            &port,
-            "--",
-        ])
-        .arg(std::env::current_exe().unwrap())
-        .args([
-            "a_lost_node_is_named_by_the_other_nodes_workers",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("COMMRUN_TEST_SCENARIO", "node-1-stalls")
-        .env("JOB_TIMEOUT", "4")
-        .env("PID_DIR", &dir)
-        .spawn()
-        .unwrap()
+        start(
+            commrun(&[
+                "--nnodes",
+                "2",
+                "--node-rank",
+                rank,
+                "--nproc-per-node",
+                "2",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                &port,
+                "--",
+            ])
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "a_lost_node_is_named_by_the_other_nodes_workers",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("COMMRUN_TEST_SCENARIO", "node-1-stalls")
+            .env("JOB_TIMEOUT", "4")
+            .env("PID_DIR", &dir),
+        )
     };
     let node0 = node("0");
-    let mut node1 = node("1");
+    let node1 = node("1");
     // Every rank met at the store; then node 1 is lost (its commrun killed, its workers with it).
     let pids = worker_pids(&dir, 0..4);
-    node1.kill().unwrap();
-    node1.wait().unwrap();
+    node1.kill();
     assert_all_gone(&pids[2..]);
     let (code, _, stderr) = finish(node0, Duration::from_secs(60));
     assert_eq!(code, 1, "{stderr}");

@@ -1,0 +1,11 @@
+//! What the tests of this workspace share, so that each harness exists once: building the
+//! binaries a test runs ([`build`]), reading the grids ([`grid`]) and the backend line
+//! ([`backend`]) the course's programs print, and running processes with deadlines
+//! ([`process`]).
+//!
+//! A dev-dependency only, and a leaf: it must not depend on comm-core, whose tests use it.
+
+pub mod backend;
+pub mod build;
+pub mod grid;
+pub mod process;
