@@ -421,10 +421,7 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
         job.finish()
     })();
     match (result, sink) {
-        (Err(e), _) => {
-            eprintln!("error: rank {rank}: {e}");
-            1
-        }
+        (Err(e), _) => comm_core::failure_record::report_failure(rank, &e),
         (Ok(()), Sink::Print(printer)) => {
             printer.done();
             let code = if write_outputs(args, &printer.rows) {

@@ -1,5 +1,9 @@
 //! One error type for the whole library. Every message says what happened, where (rank, key,
 //! host:port, variable) and, where the user can act, what to do.
+//!
+//! The facts a message names (which peer, which ranks were missing, which store) are also fields,
+//! so code that must decide something (the root cause of a failed job, which node to blame) reads
+//! them instead of matching sentences that a later rewording would silently break.
 
 use std::time::Duration;
 
@@ -8,20 +12,23 @@ pub type Result<T, E = CommError> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CommError {
-    /// The environment (torchrun's or Slurm's variables) is missing something or contradicts itself.
-    #[error("environment: {0}")]
-    Env(String),
+    /// The environment (torchrun's or Slurm's variables) is missing something or contradicts
+    /// itself. `var` is the variable at fault; `message` is the whole sentence, variable included.
+    #[error("environment: {message}")]
+    Env { var: String, message: String },
 
     /// A flag or argument that cannot work (e.g. a root outside the world, a bad backend name).
     #[error("{0}")]
     Usage(String),
 
-    /// Something timed out: `what` names the key or peer, `detail` says who had arrived.
+    /// Something timed out: `what` names the key or peer, `detail` says who had arrived, and
+    /// `missing` lists the ranks that were waited for and never came (empty when unknown).
     #[error("timed out after {:.0?} waiting for {what}{detail}", timeout)]
     Timeout {
         what: String,
         timeout: Duration,
         detail: String,
+        missing: Vec<usize>,
     },
 
     /// A socket could not be bound, connected, read or written.
@@ -32,7 +39,59 @@ pub enum CommError {
         source: std::io::Error,
     },
 
-    /// A peer broke the protocol, closed its connection or disagreed on sizes.
+    /// A peer's connection closed under rank `rank` while it was `doing` ("sending to",
+    /// "receiving from") `peer`: the peer failed or exited first.
+    #[error(
+        "rank {peer} closed its connection while rank {rank} was {doing} it \
+         (it probably failed: look at its output)"
+    )]
+    PeerClosed {
+        rank: usize,
+        peer: usize,
+        doing: &'static str,
+    },
+
+    /// Threads as ranks: `peer`'s end of the channel is gone, so its thread ended first.
+    #[error("rank {peer} is gone (its thread ended)")]
+    PeerGone { rank: usize, peer: usize },
+
+    /// Rank `rank` could not connect to `peer` at the address `peer` published.
+    #[error("rank {rank} cannot connect to rank {peer} at {addr}: {source}")]
+    PeerUnreachable {
+        rank: usize,
+        peer: usize,
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Rank `rank` never reached the rendezvous store at `endpoint` (rank 0 serves it).
+    #[error(
+        "rank {rank} could not reach the rendezvous store at {endpoint} within {timeout:?} \
+         (is rank 0 running? are MASTER_ADDR and MASTER_PORT the same on every rank?): {source}"
+    )]
+    StoreUnreachable {
+        rank: usize,
+        endpoint: String,
+        timeout: Duration,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Rank `rank` lost its connection to the store at `endpoint` during the request for `key`.
+    #[error(
+        "rank {rank} lost the rendezvous store at {endpoint} during '{key}' \
+         (did rank 0 exit or fail?): {source}"
+    )]
+    StoreLost {
+        rank: usize,
+        endpoint: String,
+        key: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A peer broke the protocol or disagreed on sizes.
     #[error("{0}")]
     Peer(String),
 
@@ -41,6 +100,9 @@ pub enum CommError {
     Backend(String),
 }
 
+/// The rank that serves the rendezvous store (see [`crate::store::StoreServer`]).
+const STORE_RANK: usize = 0;
+
 impl CommError {
     /// Wraps an I/O error with the place it happened.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
@@ -48,5 +110,137 @@ impl CommError {
             context: context.into(),
             source,
         }
+    }
+
+    /// An environment error about `var`; `message` is the whole sentence.
+    pub fn env(var: impl Into<String>, message: impl Into<String>) -> Self {
+        CommError::Env {
+            var: var.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The rank this error says failed first, so a launcher can follow the blame to the root
+    /// cause: the peer that closed its connection, is gone, could not be reached, or the one
+    /// rank a timeout waited for; rank 0 when the store it serves was lost or never answered.
+    pub fn blamed_rank(&self) -> Option<usize> {
+        match self {
+            CommError::PeerClosed { peer, .. }
+            | CommError::PeerGone { peer, .. }
+            | CommError::PeerUnreachable { peer, .. } => Some(*peer),
+            CommError::Timeout { missing, .. } if missing.len() == 1 => Some(missing[0]),
+            CommError::StoreUnreachable { .. } | CommError::StoreLost { .. } => Some(STORE_RANK),
+            _ => None,
+        }
+    }
+
+    /// The ranks a timeout waited for and that never came (empty for other errors).
+    pub fn missing_ranks(&self) -> &[usize] {
+        match self {
+            CommError::Timeout { missing, .. } => missing,
+            _ => &[],
+        }
+    }
+
+    /// The store endpoint (`host:port`) this rank lost or never reached, so a multi-node summary
+    /// can point at the node serving it.
+    pub fn lost_store(&self) -> Option<&str> {
+        match self {
+            CommError::StoreUnreachable { endpoint, .. }
+            | CommError::StoreLost { endpoint, .. } => Some(endpoint),
+            _ => None,
+        }
+    }
+
+    /// A short, stable name for the kind of error, for machine-readable failure records.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CommError::Env { .. } => "env",
+            CommError::Usage(_) => "usage",
+            CommError::Timeout { .. } => "timeout",
+            CommError::Io { .. } => "io",
+            CommError::PeerClosed { .. } => "peer_closed",
+            CommError::PeerGone { .. } => "peer_gone",
+            CommError::PeerUnreachable { .. } => "peer_unreachable",
+            CommError::StoreUnreachable { .. } => "store_unreachable",
+            CommError::StoreLost { .. } => "store_lost",
+            CommError::Peer(_) => "peer",
+            CommError::Backend(_) => "backend",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io() -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused")
+    }
+
+    #[test]
+    fn the_sentences_stay_and_the_facts_are_fields() {
+        let e = CommError::PeerClosed {
+            rank: 2,
+            peer: 1,
+            doing: "receiving from",
+        };
+        assert_eq!(
+            e.to_string(),
+            "rank 1 closed its connection while rank 2 was receiving from it \
+             (it probably failed: look at its output)"
+        );
+        assert_eq!(e.blamed_rank(), Some(1));
+        assert_eq!(e.lost_store(), None);
+
+        let e = CommError::PeerGone { rank: 0, peer: 3 };
+        assert_eq!(e.to_string(), "rank 3 is gone (its thread ended)");
+        assert_eq!(e.blamed_rank(), Some(3));
+
+        let e = CommError::StoreLost {
+            rank: 3,
+            endpoint: "h0:29500".into(),
+            key: "k".into(),
+            source: io(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "rank 3 lost the rendezvous store at h0:29500 during 'k' (did rank 0 exit or fail?): \
+             refused"
+        );
+        assert_eq!(e.lost_store(), Some("h0:29500"));
+        assert_eq!(e.blamed_rank(), Some(0));
+
+        let e = CommError::StoreUnreachable {
+            rank: 1,
+            endpoint: "h0:1".into(),
+            timeout: Duration::from_secs(3),
+            source: io(),
+        };
+        assert!(e.to_string().starts_with(
+            "rank 1 could not reach the rendezvous store at h0:1 within 3s (is rank 0"
+        ));
+        assert_eq!(e.lost_store(), Some("h0:1"));
+
+        let e = CommError::Timeout {
+            what: "barrier 'b' on rank 1".into(),
+            timeout: Duration::from_secs(4),
+            detail: "; missing: ranks 2, 3".into(),
+            missing: vec![2, 3],
+        };
+        assert_eq!(
+            e.to_string(),
+            "timed out after 4s waiting for barrier 'b' on rank 1; missing: ranks 2, 3"
+        );
+        assert_eq!(e.missing_ranks(), [2, 3]);
+        assert_eq!(
+            e.blamed_rank(),
+            None,
+            "two missing ranks: no single culprit"
+        );
+
+        let e = CommError::env("RANK", "RANK is not set");
+        assert_eq!(e.to_string(), "environment: RANK is not set");
+        assert_eq!(e.kind(), "env");
     }
 }

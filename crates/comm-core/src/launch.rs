@@ -96,10 +96,7 @@ pub fn run_job(
                 job.finish()
             }) {
                 Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("error: rank {rank}: {e}");
-                    1
-                }
+                Err(e) => crate::failure_record::report_failure(rank, &e),
             }
         }
     }

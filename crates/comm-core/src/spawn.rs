@@ -2,18 +2,23 @@
 //! Each child is this same program with torchrun's variables set. The parent relays their
 //! output line by line (never a torn line), forwards Ctrl-C, and when one rank fails stops the
 //! others (SIGTERM, then SIGKILL after a grace period) and exits with that rank's status.
+//!
+//! Like torchrun, it gives each rank its own `TORCHELASTIC_ERROR_FILE` (in a temporary directory
+//! it owns and removes), and picks the root cause among ranks that failed together from the
+//! [`ErrorRecord`]s they wrote there, not from their stderr.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::error::{CommError, Result};
+use crate::failure_record::{ErrorRecord, ERROR_FILE_ENV};
 use crate::topology::{Launcher, Topology};
 
 /// How many of a failed rank's last stderr lines the summary shows.
@@ -41,6 +46,9 @@ pub struct Failure {
     pub rank: usize,
     pub status: ExitStatus,
     pub last_stderr: Vec<String>,
+    /// What the rank wrote at `TORCHELASTIC_ERROR_FILE` when it failed; None when it wrote
+    /// nothing (killed by a signal, or a program that does not report through this library).
+    pub record: Option<ErrorRecord>,
 }
 
 impl Failure {
@@ -63,6 +71,8 @@ impl Failure {
 }
 
 /// How the whole launch ended.
+// One per launch, so its size does not matter; boxing `Failure` would only burden every match.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Outcome {
     Success,
@@ -128,7 +138,9 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
     catch_signals();
     let world_size = plan.nproc_per_node * plan.nnodes;
     let out_lock = Arc::new(Mutex::new(()));
-    let (exits, exited) = crossbeam_channel::unbounded::<(usize, std::io::Result<ExitStatus>)>();
+    let (exits, exited) =
+        crossbeam_channel::unbounded::<(usize, std::io::Result<ExitStatus>, u64)>();
+    let records = ErrorDir::create();
     let mut pids = Vec::new();
     let mut relays = Vec::new();
     let mut stderr_tails = Vec::new();
@@ -149,9 +161,13 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
         command
             .args(&plan.args)
             .envs(topology.worker_env())
+            .env_remove(ERROR_FILE_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(records) = &records {
+            command.env(ERROR_FILE_ENV, records.file(rank));
+        }
         // SAFETY: prctl is async-signal-safe. If this parent dies, even by SIGKILL, the kernel
         // kills the child: no orphan keeps running.
         unsafe {
@@ -193,7 +209,7 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
         let exits = exits.clone();
         std::thread::spawn(move || {
             let status = child.wait();
-            let _ = exits.send((local_rank, status));
+            let _ = exits.send((local_rank, status, unix_us()));
         });
     }
     drop(exits);
@@ -210,7 +226,7 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
     };
     while running.iter().any(|&r| r) {
         match exited.recv_timeout(Duration::from_millis(20)) {
-            Ok((local_rank, status)) => {
+            Ok((local_rank, status, exited_us)) => {
                 running[local_rank] = false;
                 let status = status.map_err(|e| CommError::io("waiting for a rank", e))?;
                 if !status.success() && matches!(outcome, Outcome::Success) {
@@ -218,28 +234,37 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
                     // that failed because of this one (or this one because of them) time to
                     // report: the order waiter threads report in is not the order ranks died.
                     std::thread::sleep(Duration::from_millis(50));
-                    let mut failed = vec![(local_rank, status)];
-                    while let Ok((other, status)) = exited.try_recv() {
+                    let first_rank = plan.node_rank * plan.nproc_per_node;
+                    let failed_rank = |local_rank: usize, status, exited_us| FailedRank {
+                        rank: first_rank + local_rank,
+                        status,
+                        exited_us,
+                        record: records
+                            .as_ref()
+                            .and_then(|r| ErrorRecord::read(&r.file(first_rank + local_rank))),
+                    };
+                    let mut failed = vec![failed_rank(local_rank, status, exited_us)];
+                    while let Ok((other, status, exited_us)) = exited.try_recv() {
                         running[other] = false;
                         match status {
-                            Ok(status) if !status.success() => failed.push((other, status)),
+                            Ok(status) if !status.success() => {
+                                failed.push(failed_rank(other, status, exited_us))
+                            }
                             _ => {}
                         }
                     }
-                    let tail = |local: usize| -> Vec<String> {
-                        stderr_tails[local]
-                            .lock()
-                            .unwrap()
-                            .iter()
-                            .cloned()
-                            .collect()
-                    };
-                    let (local_rank, status) =
-                        root_cause(&failed, plan.node_rank * plan.nproc_per_node, &tail);
+                    let root = failed.swap_remove(root_cause(&failed));
+                    let last_stderr = stderr_tails[root.rank - first_rank]
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .cloned()
+                        .collect();
                     outcome = Outcome::Failed(Failure {
-                        rank: plan.node_rank * plan.nproc_per_node + local_rank,
-                        status,
-                        last_stderr: tail(local_rank),
+                        rank: root.rank,
+                        status: root.status,
+                        last_stderr,
+                        record: root.record,
                     });
                     stop_all(&running, libc::SIGTERM);
                     kill_at = Some(Instant::now() + plan.grace);
@@ -271,29 +296,106 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
     Ok(outcome)
 }
 
-/// Among ranks that failed together, the one the others blame: a rank whose last words say
-/// "rank K closed its connection" failed because K did, so follow that to K when K failed too.
-fn root_cause(
-    failed: &[(usize, ExitStatus)],
-    first_rank: usize,
-    tail: &impl Fn(usize) -> Vec<String>,
-) -> (usize, ExitStatus) {
-    let mut current = 0;
-    for _ in 0..failed.len() {
-        let blamed = tail(failed[current].0).iter().rev().find_map(|line| {
-            // "error: rank 2: rank 1 closed its connection …" blames rank 1.
-            let before = &line[..line.find(" closed its connection")?];
-            let (head, number) = before.rsplit_once(' ')?;
-            head.ends_with("rank")
-                .then(|| number.parse::<usize>().ok())
-                .flatten()
-        });
-        match blamed.and_then(|rank| failed.iter().position(|(l, _)| l + first_rank == rank)) {
-            Some(next) if next != current => current = next,
-            _ => break,
+/// A rank that failed, as the root-cause choice sees it.
+struct FailedRank {
+    rank: usize,
+    status: ExitStatus,
+    /// When its waiter thread saw it exit, in microseconds since the Unix epoch.
+    exited_us: u64,
+    record: Option<ErrorRecord>,
+}
+
+impl FailedRank {
+    /// When it failed: when it reported the failure if it wrote a record, else when it exited.
+    fn failed_us(&self) -> u64 {
+        self.record
+            .as_ref()
+            .and_then(ErrorRecord::at_us)
+            .unwrap_or(self.exited_us)
+    }
+
+    /// The ranks its record says it failed because of: the one it blames, then those it waited
+    /// for in vain.
+    fn blames(&self) -> impl Iterator<Item = usize> + '_ {
+        self.record.iter().flat_map(|r| {
+            r.blamed_rank
+                .into_iter()
+                .chain(r.missing_ranks.iter().copied())
+        })
+    }
+}
+
+/// Among ranks that failed together, the index of the root cause: start from the earliest
+/// failure (a record's time, or the exit time of a rank that wrote none, so with no records at
+/// all this is the exit order), then follow the blame in the records to a rank that failed too.
+/// A rank that blames a rank that did not fail (yet) stays the root; so does the earliest
+/// failure when the blame goes round in a circle.
+fn root_cause(failed: &[FailedRank]) -> usize {
+    let Some(start) = (0..failed.len()).min_by_key(|&i| (failed[i].failed_us(), i)) else {
+        return 0;
+    };
+    let mut chain = vec![start];
+    let mut current = start;
+    loop {
+        let next = failed[current]
+            .blames()
+            .filter_map(|rank| failed.iter().position(|f| f.rank == rank))
+            .find(|&i| i != current);
+        match next {
+            None => return current,
+            Some(i) if chain.contains(&i) => return start,
+            Some(i) => {
+                chain.push(i);
+                current = i;
+            }
         }
     }
-    failed[current]
+}
+
+/// Now, in microseconds since the Unix epoch.
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// The directory of this launch's error records, one file per rank; removed when dropped.
+struct ErrorDir(PathBuf);
+
+impl ErrorDir {
+    /// A fresh private directory under the system's temporary directory; None if none can be
+    /// made (the ranks then write no records and the root cause falls back to the exit order).
+    fn create() -> Option<ErrorDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        for attempt in 0..16 {
+            let path = std::env::temp_dir().join(format!(
+                "comm-core-errors-{}-{}-{attempt}",
+                std::process::id(),
+                unix_us()
+            ));
+            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => return Some(ErrorDir(path)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// Where `rank` writes its record.
+    fn file(&self, rank: usize) -> PathBuf {
+        self.path().join(format!("rank-{rank}.json"))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ErrorDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Copies a child's output to ours a whole line at a time, optionally keeping the last lines.
@@ -375,21 +477,121 @@ pub fn free_port() -> Result<u16> {
 #[cfg(test)]
 mod root_cause_tests {
     use super::*;
+    use crate::error::CommError;
+
+    fn code(c: i32) -> ExitStatus {
+        ExitStatus::from_raw(c << 8)
+    }
+
+    /// A rank that failed with `error` (reported at `at_us`) and exited at `exited_us`.
+    fn failed(rank: usize, error: Option<CommError>, at_us: u64, exited_us: u64) -> FailedRank {
+        FailedRank {
+            rank,
+            status: code(1),
+            exited_us,
+            record: error.map(|e| ErrorRecord {
+                at_unix_us: Some(at_us),
+                ..ErrorRecord::new(rank, &e)
+            }),
+        }
+    }
+
+    fn closed(rank: usize, peer: usize) -> Option<CommError> {
+        Some(CommError::PeerClosed {
+            rank,
+            peer,
+            doing: "receiving from",
+        })
+    }
 
     #[test]
     fn the_rank_others_blame_is_the_root_cause() {
-        let code = |c: i32| ExitStatus::from_raw(c << 8);
-        let tails = |local: usize| -> Vec<String> {
-            match local {
-                0 => vec!["error: rank 0: rank 2 closed its connection while rank 0 was receiving from it".into()],
-                2 => vec!["error: rank 2: rank 1 closed its connection while rank 2 was receiving from it".into()],
-                _ => vec!["rank 1 is leaving on purpose".into()],
-            }
+        // Rank 1 left first (on purpose, no record); rank 2 blames 1, rank 0 blames 2.
+        // Reported in the wrong order: 2, then 0, then 1.
+        let ranks = [
+            failed(2, closed(2, 1), 20, 21),
+            failed(0, closed(0, 2), 30, 31),
+            failed(1, None, 0, 15),
+        ];
+        assert_eq!(ranks[root_cause(&ranks)].rank, 1);
+        // Even when the records' clocks say rank 0 was first, the blame leads to rank 1.
+        let ranks = [
+            failed(2, closed(2, 1), 20, 21),
+            failed(0, closed(0, 2), 5, 31),
+            failed(1, None, 0, 40),
+        ];
+        assert_eq!(ranks[root_cause(&ranks)].rank, 1);
+        // The blamed rank did not fail (yet): the earliest failure stands.
+        let ranks = [
+            failed(2, closed(2, 1), 20, 21),
+            failed(0, closed(0, 2), 30, 31),
+        ];
+        assert_eq!(ranks[root_cause(&ranks)].rank, 2);
+    }
+
+    #[test]
+    fn the_earliest_record_wins_when_nobody_is_blamed() {
+        let usage = || Some(CommError::Usage("bad".into()));
+        let ranks = [failed(0, usage(), 50, 51), failed(3, usage(), 10, 60)];
+        assert_eq!(ranks[root_cause(&ranks)].rank, 3);
+    }
+
+    #[test]
+    fn without_records_the_exit_order_decides() {
+        let ranks = [failed(1, None, 0, 100), failed(0, None, 0, 90)];
+        assert_eq!(ranks[root_cause(&ranks)].rank, 0);
+        let ranks = [failed(1, None, 0, 100), failed(0, None, 0, 100)];
+        assert_eq!(
+            ranks[root_cause(&ranks)].rank,
+            1,
+            "a tie keeps the report order"
+        );
+    }
+
+    #[test]
+    fn a_timeout_leads_to_the_missing_rank_and_a_lost_store_to_rank_0() {
+        let timeout = CommError::Timeout {
+            what: "barrier 'b' on rank 1".into(),
+            timeout: Duration::from_secs(1),
+            detail: String::new(),
+            missing: vec![2, 3],
         };
-        // Reported in the wrong order: 2, then 0, then 1 (the one that left first).
-        let failed = [(2, code(1)), (0, code(1)), (1, code(3))];
-        assert_eq!(root_cause(&failed, 0, &tails).0, 1);
-        // The blamed rank did not fail (yet): the first report stands.
-        assert_eq!(root_cause(&failed[..2], 0, &tails).0, 2);
+        // Rank 3 was killed (no record, exited later than rank 1 wrote its record).
+        let ranks = [failed(1, Some(timeout), 10, 11), failed(3, None, 0, 20)];
+        assert_eq!(ranks[root_cause(&ranks)].rank, 3);
+
+        let lost = CommError::StoreLost {
+            rank: 1,
+            endpoint: "h:1".into(),
+            key: "k".into(),
+            source: std::io::ErrorKind::UnexpectedEof.into(),
+        };
+        let ranks = [
+            failed(1, Some(lost), 10, 11),
+            failed(0, Some(CommError::Usage("bad".into())), 12, 13),
+        ];
+        assert_eq!(ranks[root_cause(&ranks)].rank, 0);
+    }
+
+    #[test]
+    fn blame_in_a_circle_keeps_the_earliest() {
+        let ranks = [
+            failed(0, closed(0, 1), 20, 21),
+            failed(1, closed(1, 0), 10, 11),
+        ];
+        assert_eq!(ranks[root_cause(&ranks)].rank, 1);
+    }
+
+    #[test]
+    fn the_error_dir_is_private_and_removed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = ErrorDir::create().unwrap();
+        let path = dir.path().to_path_buf();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert_eq!(dir.file(3), path.join("rank-3.json"));
+        std::fs::write(dir.file(3), "{}").unwrap();
+        drop(dir);
+        assert!(!path.exists());
     }
 }

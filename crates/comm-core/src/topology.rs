@@ -58,8 +58,11 @@ impl Topology {
         master_addr: &str,
         master_port: u16,
     ) -> Result<Topology> {
-        check_below("--rank", rank, "--world-size", world_size)
-            .map_err(|e| CommError::Usage(e.to_string().replace("environment: ", "")))?;
+        // The same check as for the variables, reported as the flags' usage error.
+        check_below("--rank", rank, "--world-size", world_size).map_err(|e| match e {
+            CommError::Env { message, .. } => CommError::Usage(message),
+            other => other,
+        })?;
         if master_port == 0 {
             return Err(CommError::Usage(
                 "--master-port 0: give the port rank 0 listens on".into(),
@@ -93,11 +96,12 @@ impl Topology {
 
 /// Reads a number, naming the variable when it is missing or not a number.
 fn number(var: &impl Fn(&str) -> Option<String>, name: &str, hint: &str) -> Result<usize> {
-    let value = var(name).ok_or_else(|| CommError::Env(format!("{name} is not set; {hint}")))?;
+    let value =
+        var(name).ok_or_else(|| CommError::env(name, format!("{name} is not set; {hint}")))?;
     value
         .trim()
         .parse()
-        .map_err(|_| CommError::Env(format!("{name}={value:?} is not a whole number")))
+        .map_err(|_| CommError::env(name, format!("{name}={value:?} is not a whole number")))
 }
 
 fn optional_number(var: &impl Fn(&str) -> Option<String>, name: &str) -> Result<Option<usize>> {
@@ -112,23 +116,26 @@ fn port(var: &impl Fn(&str) -> Option<String>) -> Result<Option<u16>> {
         None => Ok(None),
         Some(value) => match value.trim().parse::<u16>() {
             Ok(p) if p > 0 => Ok(Some(p)),
-            _ => Err(CommError::Env(format!(
-                "MASTER_PORT={value:?} is not a port number (1-65535)"
-            ))),
+            _ => Err(CommError::env(
+                "MASTER_PORT",
+                format!("MASTER_PORT={value:?} is not a port number (1-65535)"),
+            )),
         },
     }
 }
 
 fn check_below(name: &str, value: usize, limit_name: &str, limit: usize) -> Result<()> {
     if limit == 0 {
-        return Err(CommError::Env(format!(
-            "{limit_name}=0: a job needs at least one rank"
-        )));
+        return Err(CommError::env(
+            limit_name,
+            format!("{limit_name}=0: a job needs at least one rank"),
+        ));
     }
     if value >= limit {
-        return Err(CommError::Env(format!(
-            "{name}={value} but {limit_name}={limit}: {name} must be below {limit_name}"
-        )));
+        return Err(CommError::env(
+            name,
+            format!("{name}={value} but {limit_name}={limit}: {name} must be below {limit_name}"),
+        ));
     }
     Ok(())
 }
@@ -139,12 +146,12 @@ fn torchrun(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
     // torchrun's agent may serve its own store (c10d's TCPStore) at MASTER_ADDR:MASTER_PORT and
     // say so; ours speaks another protocol and cannot share that port.
     if var("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.trim() == "True") {
-        return Err(CommError::Env(
+        return Err(CommError::env(
+            "TORCHELASTIC_USE_AGENT_STORE",
             "TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves its own store at \
              MASTER_ADDR:MASTER_PORT, where rank 0 would serve ours. Start with \
              TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone ... (or \
-             --rdzv-backend c10d), or with commrun"
-                .into(),
+             --rdzv-backend c10d), or with commrun",
         ));
     }
     let rank = number(var, "RANK", HINT)?;
@@ -160,16 +167,17 @@ fn torchrun(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
         local_world_size,
     )?;
     if local_world_size > world_size {
-        return Err(CommError::Env(format!(
-            "LOCAL_WORLD_SIZE={local_world_size} is larger than WORLD_SIZE={world_size}"
-        )));
+        return Err(CommError::env(
+            "LOCAL_WORLD_SIZE",
+            format!("LOCAL_WORLD_SIZE={local_world_size} is larger than WORLD_SIZE={world_size}"),
+        ));
     }
     let node_rank = optional_number(var, "GROUP_RANK")?.unwrap_or(rank / local_world_size);
     let master_addr = var("MASTER_ADDR")
         .filter(|a| !a.trim().is_empty())
-        .ok_or_else(|| CommError::Env(format!("MASTER_ADDR is not set; {HINT}")))?;
-    let master_port =
-        port(var)?.ok_or_else(|| CommError::Env(format!("MASTER_PORT is not set; {HINT}")))?;
+        .ok_or_else(|| CommError::env("MASTER_ADDR", format!("MASTER_ADDR is not set; {HINT}")))?;
+    let master_port = port(var)?
+        .ok_or_else(|| CommError::env("MASTER_PORT", format!("MASTER_PORT is not set; {HINT}")))?;
     Ok(Topology {
         rank,
         world_size,
@@ -193,9 +201,12 @@ fn slurm(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
         Some(_) => number(var, "SLURM_NTASKS_PER_NODE", HINT)?,
         None => match var("SLURM_TASKS_PER_NODE") {
             Some(spec) => tasks_on_node(&spec, node_rank).ok_or_else(|| {
-                CommError::Env(format!(
-                    "SLURM_TASKS_PER_NODE={spec:?} has no entry for SLURM_NODEID={node_rank}"
-                ))
+                CommError::env(
+                    "SLURM_TASKS_PER_NODE",
+                    format!(
+                        "SLURM_TASKS_PER_NODE={spec:?} has no entry for SLURM_NODEID={node_rank}"
+                    ),
+                )
             })?,
             None => world_size,
         },
@@ -212,15 +223,22 @@ fn slurm(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
             let list = var("SLURM_JOB_NODELIST")
                 .or_else(|| var("SLURM_NODELIST"))
                 .ok_or_else(|| {
-                    CommError::Env(
-                        "neither MASTER_ADDR nor SLURM_JOB_NODELIST is set: cannot tell where rank 0 runs"
-                            .into(),
+                    CommError::env(
+                        "SLURM_JOB_NODELIST",
+                        "neither MASTER_ADDR nor SLURM_JOB_NODELIST is set: cannot tell where rank 0 runs",
                     )
                 })?;
-            let hosts = expand_nodelist(&list)
-                .map_err(|e| CommError::Env(format!("SLURM_JOB_NODELIST={list:?}: {e}")))?;
+            let hosts = expand_nodelist(&list).map_err(|e| {
+                CommError::env(
+                    "SLURM_JOB_NODELIST",
+                    format!("SLURM_JOB_NODELIST={list:?}: {e}"),
+                )
+            })?;
             hosts.into_iter().next().ok_or_else(|| {
-                CommError::Env(format!("SLURM_JOB_NODELIST={list:?} names no host"))
+                CommError::env(
+                    "SLURM_JOB_NODELIST",
+                    format!("SLURM_JOB_NODELIST={list:?} names no host"),
+                )
             })?
         }
     };

@@ -1,12 +1,16 @@
 //! The root-cause summary printed when a worker fails: which rank, how it ended, its last words,
-//! and, when those words point at ranks of another node or at the store on node 0, which node
+//! and, when its error record blames ranks of another node or the store on node 0, which node
 //! that is: on a multi-node job the error seen here is often the echo of a node lost elsewhere.
+//!
+//! The hints come from the fields of the rank's [`ErrorRecord`] (blamed rank, missing ranks,
+//! lost store endpoint), never from matching the sentences of its stderr.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::os::unix::process::ExitStatusExt;
 
 use comm_core::spawn::{Failure, SpawnPlan};
+use comm_core::ErrorRecord;
 
 /// The lines commrun prints to stderr after `failure` ended the job on this node.
 pub fn root_cause(failure: &Failure, plan: &SpawnPlan, host: &str) -> String {
@@ -39,7 +43,7 @@ pub fn root_cause(failure: &Failure, plan: &SpawnPlan, host: &str) -> String {
             let _ = writeln!(out, "    | {line}");
         }
     }
-    for hint in node_hints(&failure.last_stderr, failure.rank, plan) {
+    for hint in node_hints(failure.record.as_ref(), failure.rank, plan) {
         let _ = writeln!(out, "  hint       : {hint}");
     }
     let _ = write!(
@@ -52,17 +56,23 @@ pub fn root_cause(failure: &Failure, plan: &SpawnPlan, host: &str) -> String {
     out
 }
 
-/// Names the other nodes that the failed rank's last lines point at.
-pub fn node_hints(lines: &[String], failed_rank: usize, plan: &SpawnPlan) -> Vec<String> {
+/// Names the other nodes that the failed rank's error record points at: the node serving the
+/// store it lost, and the nodes of the ranks it blames or waited for in vain.
+pub fn node_hints(
+    record: Option<&ErrorRecord>,
+    failed_rank: usize,
+    plan: &SpawnPlan,
+) -> Vec<String> {
     let nproc = plan.nproc_per_node;
     let world = nproc * plan.nnodes;
     let mut hints = Vec::new();
+    let Some(record) = record else {
+        return hints;
+    };
     if plan.nnodes < 2 {
         return hints;
     }
-    let text = lines.join("\n");
-    let store_gone = text.contains("could not reach the rendezvous store")
-        || text.contains("lost the rendezvous store");
+    let store_gone = record.store_endpoint.is_some();
     if store_gone && plan.node_rank != 0 {
         hints.push(format!(
             "node 0 (ranks 0-{}, at {}:{}) serves the rendezvous store and could not be reached: \
@@ -73,12 +83,14 @@ pub fn node_hints(lines: &[String], failed_rank: usize, plan: &SpawnPlan) -> Vec
             plan.master_port
         ));
     }
+    let named = record
+        .blamed_rank
+        .into_iter()
+        .chain(record.missing_ranks.iter().copied());
     let mut nodes = BTreeSet::new();
-    for line in lines {
-        for rank in mentioned_ranks(line) {
-            if rank < world && rank != failed_rank && rank / nproc != plan.node_rank {
-                nodes.insert(rank / nproc);
-            }
+    for rank in named {
+        if rank < world && rank != failed_rank && rank / nproc != plan.node_rank {
+            nodes.insert(rank / nproc);
         }
     }
     for node in nodes {
@@ -93,36 +105,6 @@ pub fn node_hints(lines: &[String], failed_rank: usize, plan: &SpawnPlan) -> Vec
         ));
     }
     hints
-}
-
-/// The rank numbers a line names: `rank 3`, `ranks 2, 3`, `never connected: 2, 3`.
-pub fn mentioned_ranks(line: &str) -> Vec<usize> {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let mut ranks = Vec::new();
-    let mut i = 0;
-    while i < words.len() {
-        let word = words[i].to_ascii_lowercase();
-        let introduces = matches!(word.as_str(), "rank" | "ranks" | "connected:" | "missing:");
-        i += 1;
-        if !introduces {
-            continue;
-        }
-        if words.get(i) == Some(&"ranks") {
-            i += 1;
-        }
-        while let Some(word) = words.get(i) {
-            let number = word.trim_end_matches([',', ';', ':', ')', '.']);
-            let Ok(rank) = number.parse::<usize>() else {
-                break;
-            };
-            ranks.push(rank);
-            i += 1;
-            if !word.ends_with(',') {
-                break;
-            }
-        }
-    }
-    ranks
 }
 
 fn signal_name(sig: i32) -> Option<&'static str> {
@@ -145,6 +127,7 @@ fn signal_name(sig: i32) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use comm_core::CommError;
     use std::process::ExitStatus;
     use std::time::Duration;
 
@@ -166,38 +149,41 @@ mod tests {
         text.iter().map(|s| s.to_string()).collect()
     }
 
-    #[test]
-    fn rank_lists_are_read_from_the_library_messages() {
-        assert_eq!(
-            mentioned_ranks("(ranks connected to the store: 0, 1 of 4; never connected: 2, 3)"),
-            [2, 3]
-        );
-        assert_eq!(
-            mentioned_ranks("; arrived: ranks 0, 1 of 4; missing: ranks 2, 3 (did they fail"),
-            [0, 1, 2, 3]
-        );
-        assert_eq!(
-            mentioned_ranks("error: rank 0: rank 2 closed its connection while rank 0 was"),
-            [0, 2, 0]
-        );
-        assert_eq!(mentioned_ranks("Rank 7."), [7]);
-        assert!(mentioned_ranks("no ranks here, ranked 3").is_empty());
+    fn record(rank: usize, error: CommError) -> ErrorRecord {
+        ErrorRecord::new(rank, &error)
+    }
+
+    fn barrier_timeout(rank: usize, missing: Vec<usize>) -> CommError {
+        CommError::Timeout {
+            what: format!("barrier 'finish' on rank {rank}"),
+            timeout: Duration::from_secs(3),
+            detail:
+                "; arrived: ranks 0, 1 of 4; missing: ranks 2, 3 (did they fail or start late?)"
+                    .into(),
+            missing,
+        }
     }
 
     #[test]
     fn a_lost_node_is_named() {
-        let stderr = lines(&[
-            "error: rank 1: timed out after 3s waiting for barrier 'finish' on rank 1; \
-             arrived: ranks 0, 1 of 4; missing: ranks 2, 3 (did they fail or start late?)",
-        ]);
-        let hints = node_hints(&stderr, 1, &plan(2, 0));
+        let timeout = record(1, barrier_timeout(1, vec![2, 3]));
+        let hints = node_hints(Some(&timeout), 1, &plan(2, 0));
         assert_eq!(hints.len(), 1, "{hints:?}");
         assert!(hints[0].contains("node 1 (ranks 2-3)"), "{hints:?}");
-        // On one node there is no other node to blame.
-        assert!(node_hints(&stderr, 1, &plan(1, 0)).is_empty());
+        // On one node there is no other node to blame; without a record, nothing to read.
+        assert!(node_hints(Some(&timeout), 1, &plan(1, 0)).is_empty());
+        assert!(node_hints(None, 1, &plan(2, 0)).is_empty());
         // Losing the store from node 1 points at node 0.
-        let stderr = lines(&["error: rank 3: rank 3 lost the rendezvous store at h0:29500"]);
-        let hints = node_hints(&stderr, 3, &plan(2, 1));
+        let lost = record(
+            3,
+            CommError::StoreLost {
+                rank: 3,
+                endpoint: "h0:29500".into(),
+                key: "k".into(),
+                source: std::io::ErrorKind::UnexpectedEof.into(),
+            },
+        );
+        let hints = node_hints(Some(&lost), 3, &plan(2, 1));
         assert_eq!(hints.len(), 1, "{hints:?}");
         assert!(
             hints[0].starts_with("node 0 (ranks 0-1, at h0:29500)"),
@@ -206,11 +192,38 @@ mod tests {
     }
 
     #[test]
+    fn the_hints_read_fields_not_sentences() {
+        // A peer on node 1 closed its connection: node 1 is named.
+        let closed = record(
+            0,
+            CommError::PeerClosed {
+                rank: 0,
+                peer: 2,
+                doing: "receiving from",
+            },
+        );
+        let hints = node_hints(Some(&closed), 0, &plan(2, 0));
+        assert_eq!(hints.len(), 1, "{hints:?}");
+        assert!(hints[0].contains("of node 1 (ranks 2-3)"), "{hints:?}");
+        // Ranks of this node, and the failed rank itself, name no other node.
+        let local = record(1, barrier_timeout(1, vec![0, 1]));
+        assert!(node_hints(Some(&local), 1, &plan(2, 0)).is_empty());
+        // The record's fields decide, whatever its text says: a message naming node 1's ranks
+        // but carrying no rank names no node.
+        let mut reworded = record(0, CommError::Usage("ranks 2, 3 are fine".into()));
+        assert!(node_hints(Some(&reworded), 0, &plan(2, 0)).is_empty());
+        reworded.missing_ranks = vec![3];
+        let hints = node_hints(Some(&reworded), 0, &plan(2, 0));
+        assert!(hints[0].contains("of node 1 (ranks 2-3)"), "{hints:?}");
+    }
+
+    #[test]
     fn the_summary_names_rank_node_host_status_and_last_lines() {
         let failure = Failure {
             rank: 3,
             status: ExitStatus::from_raw(libc::SIGSEGV),
             last_stderr: lines(&["about to crash"]),
+            record: None,
         };
         let text = root_cause(&failure, &plan(2, 1), "lrdn0102");
         assert!(

@@ -52,14 +52,13 @@ impl Store {
             });
             match attempt {
                 Ok(stream) => break stream,
-                Err(e) if Instant::now() + pause >= deadline => {
-                    return Err(CommError::io(
-                        format!(
-                            "rank {rank} could not reach the rendezvous store at {endpoint} within {timeout:?} \
-                             (is rank 0 running? are MASTER_ADDR and MASTER_PORT the same on every rank?)"
-                        ),
-                        e,
-                    ))
+                Err(source) if Instant::now() + pause >= deadline => {
+                    return Err(CommError::StoreUnreachable {
+                        rank,
+                        endpoint,
+                        timeout,
+                        source,
+                    })
                 }
                 Err(_) => {
                     std::thread::sleep(pause);
@@ -174,20 +173,28 @@ impl Store {
                 for r in 0..self.world_size {
                     let key = format!("{base}/rank/{r}");
                     if self.check(&[&key]).unwrap_or(false) {
-                        arrived.push(r.to_string());
+                        arrived.push(r);
                     } else {
-                        missing.push(r.to_string());
+                        missing.push(r);
                     }
                 }
+                let names = |ranks: &[usize]| {
+                    ranks
+                        .iter()
+                        .map(usize::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
                 Err(CommError::Timeout {
                     what: format!("barrier '{name}' on rank {}", self.rank),
                     timeout,
                     detail: format!(
                         "; arrived: ranks {} of {}; missing: ranks {} (did they fail or start late?)",
-                        arrived.join(", "),
+                        names(&arrived),
                         self.world_size,
-                        missing.join(", ")
+                        names(&missing)
                     ),
+                    missing,
                 })
             }
             other => other,
@@ -204,14 +211,11 @@ impl Store {
         } else {
             self.timeout.max(Duration::from_secs(5))
         };
-        let lost = |e| {
-            CommError::io(
-                format!(
-                    "rank {} lost the rendezvous store at {} during '{key}' (did rank 0 exit or fail?)",
-                    self.rank, self.endpoint
-                ),
-                e,
-            )
+        let lost = |source| CommError::StoreLost {
+            rank: self.rank,
+            endpoint: self.endpoint.clone(),
+            key: key.to_string(),
+            source,
         };
         conn.0
             .get_ref()
@@ -227,16 +231,18 @@ impl Store {
                     what: format!("the store at {} to answer '{key}'", self.endpoint),
                     timeout: read_timeout,
                     detail: String::new(),
+                    missing: Vec::new(),
                 }
             } else {
                 lost(e)
             }
         })?;
         match Response::decode(&payload).map_err(lost)? {
-            Response::Timeout(detail) => Err(CommError::Timeout {
+            Response::Timeout { detail, missing } => Err(CommError::Timeout {
                 what: format!("key '{key}' on rank {}", self.rank),
                 timeout: self.timeout,
                 detail: format!(" ({detail})"),
+                missing: missing.into_iter().map(|r| r as usize).collect(),
             }),
             response => Ok(response),
         }

@@ -44,8 +44,12 @@ pub enum Response {
     Value(Vec<u8>),
     Number(i64),
     Bool(bool),
-    /// The wait ran out; the text says which ranks had connected.
-    Timeout(String),
+    /// The wait ran out; `detail` says which ranks had connected, `missing` lists those that
+    /// never did (so a client can name them without reading the text).
+    Timeout {
+        detail: String,
+        missing: Vec<u32>,
+    },
 }
 
 pub fn write_frame(w: &mut impl Write, payload: &[u8]) -> io::Result<()> {
@@ -129,6 +133,13 @@ impl<'a> Fields<'a> {
             return Err(malformed("key count exceeds the frame"));
         }
         (0..n).map(|_| self.string()).collect()
+    }
+    fn ranks(&mut self) -> io::Result<Vec<u32>> {
+        let n = self.u32()? as usize;
+        if n > self.0.len() / 4 {
+            return Err(malformed("rank count exceeds the frame"));
+        }
+        (0..n).map(|_| self.u32()).collect()
     }
     fn end(self) -> io::Result<()> {
         if self.0.is_empty() {
@@ -225,9 +236,13 @@ impl Response {
                 out.push(3);
                 out.push(*b as u8);
             }
-            Response::Timeout(detail) => {
+            Response::Timeout { detail, missing } => {
                 out.push(4);
                 put_bytes(&mut out, detail.as_bytes());
+                out.extend_from_slice(&(missing.len() as u32).to_be_bytes());
+                for rank in missing {
+                    out.extend_from_slice(&rank.to_be_bytes());
+                }
             }
         }
         out
@@ -240,7 +255,10 @@ impl Response {
             1 => Response::Value(f.bytes()?),
             2 => Response::Number(f.u64()? as i64),
             3 => Response::Bool(f.u8()? != 0),
-            4 => Response::Timeout(String::from_utf8_lossy(&f.bytes()?).into_owned()),
+            4 => Response::Timeout {
+                detail: String::from_utf8_lossy(&f.bytes()?).into_owned(),
+                missing: f.ranks()?,
+            },
             tag => return Err(malformed(&format!("unknown response tag {tag}"))),
         };
         f.end()?;

@@ -156,12 +156,12 @@ fn answer(shared: &Shared, request: Request) -> Response {
         Request::Get { key, timeout_ms } => {
             match wait_for(shared, state, std::slice::from_ref(&key), timeout_ms) {
                 Ok(state) => Response::Value(state.values[&key].clone()),
-                Err(detail) => Response::Timeout(detail),
+                Err((detail, missing)) => Response::Timeout { detail, missing },
             }
         }
         Request::Wait { keys, timeout_ms } => match wait_for(shared, state, &keys, timeout_ms) {
             Ok(_) => Response::Ok,
-            Err(detail) => Response::Timeout(detail),
+            Err((detail, missing)) => Response::Timeout { detail, missing },
         },
         Request::Add { key, delta } => {
             let current = state
@@ -181,13 +181,14 @@ fn answer(shared: &Shared, request: Request) -> Response {
     }
 }
 
-/// Blocks until every key exists or the timeout passes; on timeout returns who had connected.
+/// Blocks until every key exists or the timeout passes; on timeout returns who had connected
+/// (as text) and the ranks that never did.
 fn wait_for<'a>(
     shared: &Shared,
     mut state: MutexGuard<'a, State>,
     keys: &[String],
     timeout_ms: u64,
-) -> std::result::Result<MutexGuard<'a, State>, String> {
+) -> std::result::Result<MutexGuard<'a, State>, (String, Vec<u32>)> {
     let deadline = Instant::now() + Duration::from_millis(timeout_ms);
     while !keys.iter().all(|k| state.values.contains_key(k)) {
         let now = Instant::now();
@@ -203,7 +204,7 @@ fn wait_for<'a>(
     Ok(state)
 }
 
-fn who_arrived(seen: &BTreeSet<u32>, world_size: usize) -> String {
+fn who_arrived(seen: &BTreeSet<u32>, world_size: usize) -> (String, Vec<u32>) {
     let list = |v: Vec<String>| {
         if v.is_empty() {
             "none".to_string()
@@ -212,13 +213,13 @@ fn who_arrived(seen: &BTreeSet<u32>, world_size: usize) -> String {
         }
     };
     let present: Vec<String> = seen.iter().map(u32::to_string).collect();
-    let missing: Vec<String> = (0..world_size as u32)
+    let missing: Vec<u32> = (0..world_size as u32)
         .filter(|r| !seen.contains(r))
-        .map(|r| r.to_string())
         .collect();
-    format!(
+    let text = format!(
         "ranks connected to the store: {} of {world_size}; never connected: {}",
         list(present),
-        list(missing)
-    )
+        list(missing.iter().map(u32::to_string).collect())
+    );
+    (text, missing)
 }

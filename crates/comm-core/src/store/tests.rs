@@ -210,7 +210,10 @@ fn frames_round_trip() {
         Response::Value(vec![9; 3]),
         Response::Number(-5),
         Response::Bool(true),
-        Response::Timeout("who".into()),
+        Response::Timeout {
+            detail: "who".into(),
+            missing: vec![1, 3],
+        },
     ];
     for r in responses {
         assert_eq!(Response::decode(&r.encode()).unwrap(), r);

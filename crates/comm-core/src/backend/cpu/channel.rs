@@ -49,7 +49,10 @@ impl Transport for ChannelTransport {
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
         self.to[peer]
             .send(data.to_vec())
-            .map_err(|_| CommError::Peer(format!("rank {peer} is gone (its thread ended)")))
+            .map_err(|_| CommError::PeerGone {
+                rank: self.rank,
+                peer,
+            })
     }
 
     fn recv(&self, peer: usize, out: &mut [u8]) -> Result<()> {
@@ -60,10 +63,12 @@ impl Transport for ChannelTransport {
                     what: format!("rank {peer} to send to rank {}", self.rank),
                     timeout: self.timeout,
                     detail: String::new(),
+                    missing: vec![peer],
                 },
-                RecvTimeoutError::Disconnected => {
-                    CommError::Peer(format!("rank {peer} is gone (its thread ended)"))
-                }
+                RecvTimeoutError::Disconnected => CommError::PeerGone {
+                    rank: self.rank,
+                    peer,
+                },
             })?;
         if message.len() != out.len() {
             return Err(size_mismatch(self.rank, peer, message.len(), out.len()));

@@ -44,12 +44,13 @@ impl TcpTransport {
             let addr: SocketAddr = addr.parse().map_err(|_| {
                 CommError::Peer(format!("rank {peer} published a bad address {addr:?}"))
             })?;
-            let mut stream = connect_retrying(addr, timeout).map_err(|e| {
-                CommError::io(
-                    format!("rank {rank} cannot connect to rank {peer} at {addr}"),
-                    e,
-                )
-            })?;
+            let mut stream =
+                connect_retrying(addr, timeout).map_err(|source| CommError::PeerUnreachable {
+                    rank,
+                    peer,
+                    addr: addr.to_string(),
+                    source,
+                })?;
             let mut hello = MAGIC.to_vec();
             hello.extend_from_slice(&(rank as u32).to_le_bytes());
             stream
@@ -68,14 +69,15 @@ impl TcpTransport {
                 Ok(accepted) => accepted,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
-                        let waiting: Vec<String> = (rank + 1..world_size)
+                        let waiting: Vec<usize> = (rank + 1..world_size)
                             .filter(|&p| links[p].is_none())
-                            .map(|p| p.to_string())
                             .collect();
+                        let names: Vec<String> = waiting.iter().map(usize::to_string).collect();
                         return Err(CommError::Timeout {
-                            what: format!("ranks {} to connect to rank {rank}", waiting.join(", ")),
+                            what: format!("ranks {} to connect to rank {rank}", names.join(", ")),
                             timeout,
                             detail: String::new(),
+                            missing: waiting,
                         });
                     }
                     std::thread::sleep(Duration::from_millis(1));
@@ -116,22 +118,23 @@ impl TcpTransport {
             .unwrap_or_else(|| panic!("rank {} has no link to rank {peer}", self.rank))
     }
 
-    fn failure(&self, peer: usize, doing: &str, e: std::io::Error) -> CommError {
+    fn failure(&self, peer: usize, doing: &'static str, e: std::io::Error) -> CommError {
         match e.kind() {
             ErrorKind::WouldBlock | ErrorKind::TimedOut => CommError::Timeout {
                 what: format!("rank {peer} while rank {} was {doing} it", self.rank),
                 timeout: self.timeout,
                 detail: " (is that rank stuck, or did the ranks call different collectives?)"
                     .into(),
+                missing: vec![peer],
             },
             ErrorKind::UnexpectedEof
             | ErrorKind::ConnectionReset
             | ErrorKind::BrokenPipe
-            | ErrorKind::ConnectionAborted => CommError::Peer(format!(
-                "rank {peer} closed its connection while rank {} was {doing} it \
-                 (it probably failed: look at its output)",
-                self.rank
-            )),
+            | ErrorKind::ConnectionAborted => CommError::PeerClosed {
+                rank: self.rank,
+                peer,
+                doing,
+            },
             _ => CommError::io(format!("rank {} {doing} rank {peer}", self.rank), e),
         }
     }

@@ -289,6 +289,7 @@ fn watch(
                 what: what.into(),
                 timeout,
                 detail: detail.into(),
+                missing: Vec::new(),
             });
         }
         std::thread::sleep(pause);
