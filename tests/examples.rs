@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use test_support::backend::{self, Backend, Kind};
 use test_support::build::example;
-use test_support::grid::{expect_cells, grid};
+use test_support::grid::{expect_cells, Grid, Rows};
 use test_support::process::run_together;
 
 fn run(name: &str, args: &[&str]) -> Output {
@@ -24,6 +24,14 @@ fn run(name: &str, args: &[&str]) -> Output {
         String::from_utf8_lossy(&output.stderr)
     );
     output
+}
+
+/// The grid under `title`. Each rank prints its own lines ("Rank 2 using device: cpu:2") from its
+/// own process; the parent relays whole lines but cannot order the lines of different processes,
+/// so one may land inside rank 0's grid, as a user can see too (the book's check sets them aside
+/// as well). Rows must still come in rank order with the right cells.
+fn grid(stdout: &str, title: &str) -> Rows {
+    Grid::titled(title).amid_other_output().read(stdout)
 }
 
 /// What `--backend auto` picks on this machine: the tests expect that, not a machine without GPUs.

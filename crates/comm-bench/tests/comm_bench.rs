@@ -38,6 +38,15 @@ fn run(args: &[&str]) -> (Output, String, String) {
     (out, stdout, stderr)
 }
 
+/// Placements measured per size with `--collectives all`: out of place for every collective of
+/// comm-core's table, in place where the table says it has that form.
+fn placements() -> usize {
+    Collective::ALL
+        .iter()
+        .map(|c| 1 + usize::from(c.describe().in_place))
+        .sum()
+}
+
 /// Table lines (not comments) of stdout.
 fn lines(stdout: &str) -> Vec<&str> {
     stdout
@@ -99,9 +108,9 @@ fn quick_sweep_on_two_and_three_ranks() {
         tables,
         "{stdout}"
     );
-    // 6 collectives x 3 sizes x 2 world sizes.
+    // Every collective x 3 sizes x 2 world sizes.
     let table = lines(&stdout);
-    assert_eq!(table.len(), 36, "{stdout}");
+    assert_eq!(table.len(), Collective::ALL.len() * 3 * 2, "{stdout}");
     // all_gather on 3 ranks: 1K rounds down to 85 floats per rank, 255 in all.
     assert!(
         table
@@ -112,8 +121,9 @@ fn quick_sweep_on_two_and_three_ranks() {
 
     let rows = record::read(&csv).unwrap();
     assert_eq!(rows, record::read(&json).unwrap());
-    // 5 collectives with both placements, sendrecv out-of-place only: 33 rows per world size.
-    assert_eq!(rows.len(), 66);
+    // A row per placement a collective has (sendrecv and alltoall: out-of-place only), size and
+    // world size.
+    assert_eq!(rows.len(), placements() * 3 * 2);
     for r in &rows {
         assert_eq!(r.wrong, Some(0), "{r:?}");
         assert_eq!(
@@ -144,6 +154,50 @@ fn quick_sweep_on_two_and_three_ranks() {
         .iter()
         .all(|r| r.collective != "sendrecv" || r.placement == "out-of-place"));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// alltoall, added through comm-core's collective table: every row checked (#wrong 0) and busbw
+/// = algbw × (n-1)/n, nccl-tests' factor, at each world size.
+#[test]
+fn alltoall_on_two_three_and_four_ranks() {
+    let (out, stdout, stderr) = run(&[
+        "--backend",
+        "cpu",
+        "--collectives",
+        "alltoall",
+        "--world-sizes",
+        "2,3,4",
+    ]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let tables: Vec<&str> = stdout.split("# comm-bench ").skip(1).collect();
+    assert_eq!(tables.len(), 3, "{stdout}");
+    for (table, n) in tables.iter().zip([2usize, 3, 4]) {
+        assert!(
+            table.contains(&format!(": alltoall on {n} ranks (1 node), backend cpu")),
+            "{table}"
+        );
+        let rows = lines(table);
+        assert_eq!(rows.len(), 9, "1K to 64M by 4: {table}");
+        for row in rows {
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            let (bytes, count): (u64, u64) = (cols[0].parse().unwrap(), cols[1].parse().unwrap());
+            assert_eq!(
+                (bytes, count % n as u64),
+                (count * 4, 0),
+                "whole blocks: {row}"
+            );
+            let (algbw, busbw): (f64, f64) = (cols[6].parse().unwrap(), cols[7].parse().unwrap());
+            let want = algbw * (n as f64 - 1.0) / n as f64;
+            // Both columns are rounded to 0.01.
+            assert!(
+                (busbw - want).abs() <= 0.0101,
+                "busbw {busbw} vs {want}: {row}"
+            );
+            assert_eq!(cols[8], "0", "#wrong: {row}");
+            assert_eq!(cols[9..], ["n/a"; 4], "no in-place form: {row}");
+        }
+        assert!(table.contains("# Wrong elements       : 0 OK"), "{table}");
+    }
 }
 
 #[test]
@@ -179,11 +233,7 @@ fn a_corrupted_result_is_counted_and_fails_the_run() {
         "{stdout}"
     );
     // One per placement measured: out of place for every collective, in place where it exists.
-    let placements: usize = Collective::ALL
-        .iter()
-        .map(|c| 1 + usize::from(c.describe().in_place))
-        .sum();
-    let wrong = format!("{placements} wrong elements");
+    let wrong = format!("{} wrong elements", placements());
     assert!(stderr.contains(&wrong), "{wrong} in\n{stderr}");
 }
 
