@@ -28,6 +28,7 @@ enum Repr<T: Element> {
 }
 
 impl<T: Element> Buffer<T> {
+    /// Number of elements (not bytes).
     pub fn len(&self) -> usize {
         match &self.repr {
             Repr::Host(v) => v.len(),
@@ -35,6 +36,7 @@ impl<T: Element> Buffer<T> {
         }
     }
 
+    /// Whether it holds no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -139,10 +141,12 @@ impl Communicator {
         self
     }
 
+    /// This rank's number in the communicator, 0..world_size.
     pub fn rank(&self) -> usize {
         self.rank
     }
 
+    /// Ranks in the communicator.
     pub fn world_size(&self) -> usize {
         self.world_size
     }
@@ -152,10 +156,12 @@ impl Communicator {
         self.local_rank
     }
 
+    /// Where this rank's buffers live (`cpu:n` or `cuda:n`).
     pub fn device(&self) -> Device {
         self.device
     }
 
+    /// Which backend runs the collectives.
     pub fn backend(&self) -> BackendKind {
         match self.engine {
             Engine::Cpu(_) => BackendKind::Cpu,
@@ -236,6 +242,7 @@ impl Communicator {
         }
     }
 
+    /// Every rank's `recv` gets the element-wise reduction of all ranks' `send`.
     pub fn all_reduce_into<T: Element>(
         &self,
         send: &Buffer<T>,
@@ -349,6 +356,7 @@ impl Communicator {
         }
     }
 
+    /// Receives into `buf` what `peer` sends with [`send`](Self::send); the lengths must match.
     pub fn recv<T: Element>(&self, buf: &mut Buffer<T>, peer: usize) -> Result<()> {
         let _range = crate::profile::range(|| format!("recv {} x {}", T::DTYPE, buf.len()));
         self.check_peer(peer, "recv")?;

@@ -7,19 +7,27 @@ use std::str::FromStr;
 /// The element types, named as nccl-tests names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// 32-bit float, `float` (ncclFloat32).
     F32,
+    /// 64-bit float, `double` (ncclFloat64).
     F64,
+    /// 32-bit signed integer, `int32` (ncclInt32).
     I32,
+    /// 64-bit signed integer, `int64` (ncclInt64).
     I64,
+    /// IEEE half precision, `half` (ncclFloat16); needs the `f16` feature.
     #[cfg(feature = "f16")]
     F16,
+    /// bfloat16, `bfloat16` (ncclBfloat16); needs the `f16` feature.
     #[cfg(feature = "f16")]
     BF16,
 }
 
 impl DType {
+    /// The types every build supports, for sweeps and checks (the half types are left out).
     pub const ALL: [DType; 4] = [DType::F32, DType::F64, DType::I32, DType::I64];
 
+    /// The nccl-tests name, used in tables, flags and [`Display`](fmt::Display).
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "float",
@@ -33,6 +41,7 @@ impl DType {
         }
     }
 
+    /// Bytes per element, to turn counts into message sizes and bandwidths.
     pub fn size(self) -> usize {
         match self {
             DType::F32 | DType::I32 => 4,
@@ -71,15 +80,20 @@ impl FromStr for DType {
 /// How all_reduce, reduce and reduce_scatter combine values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
+    /// Element-wise sum (ncclSum; integers wrap).
     Sum,
+    /// Element-wise product (ncclProd; integers wrap).
     Prod,
+    /// Element-wise minimum (ncclMin).
     Min,
+    /// Element-wise maximum (ncclMax).
     Max,
     /// Sum divided by the world size (NCCL's ncclAvg; integers divide and truncate).
     Avg,
 }
 
 impl ReduceOp {
+    /// Every operation, for sweeps and checks that try them all.
     pub const ALL: [ReduceOp; 5] = [
         ReduceOp::Sum,
         ReduceOp::Prod,
@@ -88,6 +102,7 @@ impl ReduceOp {
         ReduceOp::Avg,
     ];
 
+    /// The name used in flags and tables; [`FromStr`] parses it back.
     pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
@@ -129,6 +144,7 @@ pub trait Element:
     + Sync
     + 'static
 {
+    /// The [`DType`] this Rust type stands for, so a typed buffer knows its NCCL type.
     const DTYPE: DType;
     /// `a op b` for the pairwise ops (Avg combines as Sum; [`Element::divide`] finishes it).
     fn combine(op: ReduceOp, a: Self, b: Self) -> Self;

@@ -10,12 +10,18 @@ use std::time::Duration;
 /// Result with the library's error.
 pub type Result<T, E = CommError> = std::result::Result<T, E>;
 
+/// Everything that can go wrong, one variant per kind of failure ([`CommError::kind`] names it).
 #[derive(Debug, thiserror::Error)]
 pub enum CommError {
     /// The environment (torchrun's or Slurm's variables) is missing something or contradicts
     /// itself. `var` is the variable at fault; `message` is the whole sentence, variable included.
     #[error("environment: {message}")]
-    Env { var: String, message: String },
+    Env {
+        /// The variable at fault, e.g. `RANK`.
+        var: String,
+        /// The whole sentence, the variable named in it.
+        message: String,
+    },
 
     /// A flag or argument that cannot work (e.g. a root outside the world, a bad backend name).
     #[error("{0}")]
@@ -25,16 +31,22 @@ pub enum CommError {
     /// `missing` lists the ranks that were waited for and never came (empty when unknown).
     #[error("timed out after {:.0?} waiting for {what}{detail}", timeout)]
     Timeout {
+        /// The key, peer or call that was waited for.
         what: String,
+        /// How long it was waited for.
         timeout: Duration,
+        /// Who had arrived, or a hint; appended to the message as it is.
         detail: String,
+        /// Ranks waited for that never came; empty when unknown.
         missing: Vec<usize>,
     },
 
     /// A socket could not be bound, connected, read or written.
     #[error("{context}: {source}")]
     Io {
+        /// What was being done, and with whom.
         context: String,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
@@ -46,21 +58,33 @@ pub enum CommError {
          (it probably failed: look at its output)"
     )]
     PeerClosed {
+        /// The rank that saw the connection close.
         rank: usize,
+        /// The rank whose end closed: the likely root cause.
         peer: usize,
+        /// What `rank` was doing with `peer`: "sending to" or "receiving from".
         doing: &'static str,
     },
 
     /// Threads as ranks: `peer`'s end of the channel is gone, so its thread ended first.
     #[error("rank {peer} is gone (its thread ended)")]
-    PeerGone { rank: usize, peer: usize },
+    PeerGone {
+        /// The rank that found its peer gone.
+        rank: usize,
+        /// The rank whose thread ended: the likely root cause.
+        peer: usize,
+    },
 
     /// Rank `rank` could not connect to `peer` at the address `peer` published.
     #[error("rank {rank} cannot connect to rank {peer} at {addr}: {source}")]
     PeerUnreachable {
+        /// The rank that tried to connect.
         rank: usize,
+        /// The rank it could not reach.
         peer: usize,
+        /// The `host:port` that `peer` published in the store.
         addr: String,
+        /// Why the connection failed.
         #[source]
         source: std::io::Error,
     },
@@ -71,9 +95,13 @@ pub enum CommError {
          (is rank 0 running? are MASTER_ADDR and MASTER_PORT the same on every rank?): {source}"
     )]
     StoreUnreachable {
+        /// The rank that tried to connect.
         rank: usize,
+        /// The store's `host:port` (MASTER_ADDR:MASTER_PORT).
         endpoint: String,
+        /// How long it kept trying.
         timeout: Duration,
+        /// The last attempt's error.
         #[source]
         source: std::io::Error,
     },
@@ -84,9 +112,13 @@ pub enum CommError {
          (did rank 0 exit or fail?): {source}"
     )]
     StoreLost {
+        /// The rank that lost the store.
         rank: usize,
+        /// The store's `host:port`.
         endpoint: String,
+        /// The key (or request) in flight when the connection broke.
         key: String,
+        /// The error that broke it.
         #[source]
         source: std::io::Error,
     },

@@ -55,7 +55,9 @@ pub struct ErrorRecord {
 /// torchrun's `message` object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TorchMessage {
+    /// The error's text, as the rank printed it.
     pub message: String,
+    /// When the record was written, and torch's (here empty) call stack.
     #[serde(rename = "extraInfo")]
     pub extra_info: ExtraInfo,
 }
@@ -63,7 +65,9 @@ pub struct TorchMessage {
 /// torchrun's `extraInfo` object; `py_callstack` stays empty (there is no Python stack).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExtraInfo {
+    /// Unix time in whole seconds, as a string, as torch writes it.
     pub timestamp: String,
+    /// Torch's Python stack; always empty in our records.
     #[serde(default)]
     pub py_callstack: String,
 }

@@ -23,11 +23,14 @@ const ELIDED: &str = "...";
 /// One rank's buffer as it will be shown: its length and the cells to print.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Row {
+    /// The buffer's full length, shown beside a row that leaves cells out.
     pub len: usize,
+    /// The cells to print: every value, or the first and last few around `...`.
     pub cells: Vec<String>,
 }
 
 impl Row {
+    /// The row for `values`, keeping only the ends when there are more than [`MAX_CELLS`].
     pub fn of<T: Element>(values: &[T]) -> Row {
         let cells = if values.len() <= MAX_CELLS {
             values.iter().map(T::to_string).collect()
@@ -52,6 +55,7 @@ impl Row {
         text.into_bytes()
     }
 
+    /// Reads back what [`Row::encode`] wrote; None if the bytes are not a row.
     pub fn decode(bytes: &[u8]) -> Option<Row> {
         let text = std::str::from_utf8(bytes).ok()?;
         let mut lines = text.split('\n');

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! comm-core: everything a rank needs, one module per step of its life:
 //!
 //! environment → [`topology`] → [`store`] (rendezvous) → [`backend`] → [`comm::Communicator`]

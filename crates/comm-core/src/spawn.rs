@@ -27,12 +27,19 @@ const KEPT_LINES: usize = 10;
 /// What to start and how.
 #[derive(Debug, Clone)]
 pub struct SpawnPlan {
+    /// The program every rank runs (this one, when it spawns itself).
     pub program: PathBuf,
+    /// Arguments every rank gets, unchanged.
     pub args: Vec<OsString>,
+    /// Ranks to start on this node.
     pub nproc_per_node: usize,
+    /// Nodes in the job: the world size is nnodes × nproc_per_node.
     pub nnodes: usize,
+    /// This node's index; its ranks are node_rank × nproc_per_node onwards.
     pub node_rank: usize,
+    /// The host rank 0 serves the rendezvous store on, passed to the ranks as MASTER_ADDR.
     pub master_addr: String,
+    /// The store's port, passed to the ranks as MASTER_PORT.
     pub master_port: u16,
     /// Prefix each relayed line with `[rank]: `.
     pub prefix_output: bool,
@@ -43,8 +50,12 @@ pub struct SpawnPlan {
 /// How a rank ended, for the summary.
 #[derive(Debug, Clone)]
 pub struct Failure {
+    /// The rank blamed as the root cause among those that failed together, as the job numbers
+    /// ranks.
     pub rank: usize,
+    /// How its process ended: an exit code or a signal.
     pub status: ExitStatus,
+    /// Its last lines of stderr (up to 10), for the summary.
     pub last_stderr: Vec<String>,
     /// What the rank wrote at `TORCHELASTIC_ERROR_FILE` when it failed; None when it wrote
     /// nothing (killed by a signal, or a program that does not report through this library).
@@ -57,6 +68,7 @@ impl Failure {
         exit_code(self.status)
     }
 
+    /// One line for the summary: the rank and its exit code, or the signal that killed it.
     pub fn describe(&self) -> String {
         match (self.status.code(), self.status.signal()) {
             (Some(code), _) => format!("rank {} exited with code {code}", self.rank),
@@ -75,6 +87,7 @@ impl Failure {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Outcome {
+    /// Every rank exited with status 0.
     Success,
     /// The first rank to fail; the others were stopped.
     Failed(Failure),
@@ -83,6 +96,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The code the launcher exits with: 0, the failed rank's, or 128 + the signal.
     pub fn exit_code(&self) -> i32 {
         match self {
             Outcome::Success => 0,
@@ -92,6 +106,7 @@ impl Outcome {
     }
 }
 
+/// A status as a shell reports it: the exit code, or 128 + the signal that ended it.
 pub fn exit_code(status: ExitStatus) -> i32 {
     status
         .code()

@@ -29,6 +29,7 @@ pub fn busbw(collective: Collective, world_size: usize, bytes: usize, seconds: f
 /// Per-iteration times in seconds, each the slowest rank's, the same on every rank.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Timing {
+    /// One entry per timed iteration, in the order they ran.
     pub seconds: Vec<f64>,
 }
 
@@ -45,10 +46,12 @@ impl Timing {
         s.get((s.len().max(1) - 1) / 2).copied().unwrap_or(0.0)
     }
 
+    /// The fastest iteration.
     pub fn min(&self) -> f64 {
         self.sorted().first().copied().unwrap_or(0.0)
     }
 
+    /// The slowest iteration.
     pub fn max(&self) -> f64 {
         self.sorted().last().copied().unwrap_or(0.0)
     }

@@ -18,16 +18,21 @@ pub enum Launcher {
 /// This rank's place in the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {
+    /// This process's rank in the whole job, 0..world_size.
     pub rank: usize,
+    /// Ranks in the whole job.
     pub world_size: usize,
     /// Rank among the processes on this node: picks the GPU.
     pub local_rank: usize,
+    /// Ranks on this node.
     pub local_world_size: usize,
     /// Which node (torchrun's GROUP_RANK, Slurm's SLURM_NODEID).
     pub node_rank: usize,
     /// Where rank 0 serves the rendezvous store.
     pub master_addr: String,
+    /// The port the store listens on.
     pub master_port: u16,
+    /// Whose variables this was read from.
     pub launcher: Launcher,
 }
 

@@ -10,15 +10,20 @@ use std::fmt;
 /// What the user asked for with `--backend`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendChoice {
+    /// NCCL where a GPU and libnccl are usable, else the CPU.
     Auto,
+    /// The CPU backend, even where a GPU is present.
     Cpu,
+    /// NCCL on GPUs; an error where it cannot run.
     Nccl,
 }
 
 /// What actually runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
+    /// Host memory, with Gloo-style algorithms over TCP or channels.
     Cpu,
+    /// GPUs, one per rank, through NCCL.
     Nccl,
 }
 
@@ -34,7 +39,9 @@ impl fmt::Display for BackendKind {
 /// The decision and the reason for it, as the first line of output shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Selection {
+    /// The backend that runs.
     pub kind: BackendKind,
+    /// Why: "requested", the GPUs and NCCL version found, or what NCCL lacks here.
     pub reason: String,
     /// GPUs this node can give ranks (0 on the CPU backend).
     pub gpus: usize,
@@ -88,6 +95,7 @@ pub fn select(choice: BackendChoice) -> crate::Result<Selection> {
 pub enum Device {
     /// Host memory of CPU rank `n` (named after the rank, as `cuda:n` is after the GPU).
     Cpu(usize),
+    /// GPU `n` as CUDA numbers the GPUs this process sees (after CUDA_VISIBLE_DEVICES).
     Cuda(usize),
 }
 

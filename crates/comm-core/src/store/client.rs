@@ -92,10 +92,13 @@ impl Store {
         self.local_addr.ip()
     }
 
+    /// The longest any wait through this store may take; the backends built through it use
+    /// the same limit.
     pub fn timeout(&self) -> Duration {
         self.timeout
     }
 
+    /// Sets `key` to `value`, replacing any earlier value, and wakes every rank waiting for it.
     pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         let request = Request::Set {
             key: key.into(),

@@ -56,6 +56,8 @@ fn absolute(vrank: usize, root: usize, n: usize) -> usize {
     (vrank + root) % n
 }
 
+/// Copies the root's `buf` to every rank: a binomial tree for small messages, a pipelined
+/// chain for large ones.
 pub fn broadcast<T: Element>(t: &dyn Transport, buf: &mut [T], root: usize) -> Result<()> {
     let bytes: &mut [u8] = cast_slice_mut(buf);
     match t.world_size() {
@@ -125,6 +127,8 @@ fn chain_broadcast(t: &dyn Transport, bytes: &mut [u8], root: usize) -> Result<(
     })
 }
 
+/// Every rank ends with the reduction of all ranks' `buf`: the direct exchange while little
+/// data moves, else ring reduce-scatter then ring all-gather.
 pub fn all_reduce<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp) -> Result<()> {
     let n = t.world_size();
     if n == 1 {

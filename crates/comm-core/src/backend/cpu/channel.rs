@@ -8,6 +8,8 @@ use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 use super::transport::{size_mismatch, Transport};
 use crate::error::{CommError, Result};
 
+/// One thread's endpoint of a [`ChannelTransport::mesh`]; messages to a thread that ended
+/// fail as [`CommError::PeerGone`].
 pub struct ChannelTransport {
     rank: usize,
     to: Vec<Sender<Vec<u8>>>,

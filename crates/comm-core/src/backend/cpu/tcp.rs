@@ -20,6 +20,7 @@ struct Link {
     writer: Mutex<TcpStream>,
 }
 
+/// One process's TCP connections to every other rank, set up through the rendezvous store.
 pub struct TcpTransport {
     rank: usize,
     links: Vec<Option<Link>>,

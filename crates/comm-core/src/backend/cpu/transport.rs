@@ -5,8 +5,12 @@
 
 use crate::error::{CommError, Result};
 
+/// Ordered, reliable point-to-point messages between the ranks of a group: all the CPU
+/// algorithms need.
 pub trait Transport: Send + Sync {
+    /// This endpoint's rank.
     fn rank(&self) -> usize;
+    /// Ranks the transport connects, this one included.
     fn world_size(&self) -> usize;
 
     /// Sends one message to `peer`. May block until the peer receives, so an algorithm that both

@@ -27,8 +27,11 @@ use crate::store::Store;
 /// What this machine offers NCCL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Probe {
+    /// NCCL can run.
     Ready {
+        /// GPUs visible to this process.
         gpus: usize,
+        /// libnccl's version, `major.minor.patch`.
         version: String,
     },
     /// NCCL cannot run here; the text says why.
@@ -55,13 +58,19 @@ fn quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
 /// What the probe asks of the machine, one question at a time (so later ones are only asked
 /// when earlier ones pass: no driver, no device query).
 pub trait Machine {
+    /// Whether a CUDA driver library loads.
     fn has_driver(&self) -> bool;
+    /// GPUs CUDA sees, or why it cannot look.
     fn gpu_count(&self) -> std::result::Result<usize, String>;
+    /// Whether libnccl loads under the name cudarc uses, `libnccl.so`.
     fn nccl_loadable(&self) -> bool;
     /// Why libnccl does not load (asked only when it does not).
     fn nccl_load_error(&self) -> String;
+    /// Whether this process is already the restart with a `libnccl.so` link.
     fn relinked(&self) -> bool;
+    /// A `libnccl.so.2` to link to, if there is one (see [`library::find`]).
     fn find_libnccl_so2(&self) -> Option<PathBuf>;
+    /// libnccl's version as `major.minor.patch`, or why it could not be asked.
     fn nccl_version(&self) -> std::result::Result<String, String>;
 }
 
@@ -155,6 +164,7 @@ pub fn id_to_bytes(id: &sys::ncclUniqueId) -> Vec<u8> {
     id.internal.iter().map(|&c| c as u8).collect()
 }
 
+/// The Id back from the store's bytes; anything but 128 bytes is a [`CommError::Peer`].
 pub fn id_from_bytes(bytes: &[u8]) -> Result<sys::ncclUniqueId> {
     let internal: [u8; 128] = bytes.try_into().map_err(|_| {
         CommError::Peer(format!(
@@ -461,12 +471,14 @@ impl NcclBackend {
         }
     }
 
+    /// Copies host values into a new buffer on this rank's GPU.
     pub fn upload<T: Element>(&self, values: &[T]) -> Result<CudaSlice<T>> {
         self.stream
             .clone_htod(values)
             .map_err(cuda("copying to the GPU"))
     }
 
+    /// Copies a GPU buffer back to the host, after the work queued before it on the stream.
     pub fn download<T: Element>(&self, buf: &CudaSlice<T>) -> Result<Vec<T>> {
         self.stream
             .clone_dtoh(buf)
@@ -487,6 +499,7 @@ impl NcclBackend {
         self.wait(what)
     }
 
+    /// Every rank's `recv` gets the root's `send` (or, with no `send`, the root's `recv`).
     pub fn broadcast<T: Element>(
         &self,
         send: Option<&CudaSlice<T>>,
@@ -510,6 +523,7 @@ impl NcclBackend {
         })
     }
 
+    /// Every rank's `recv` gets the reduction of all ranks' `send` (in place: of their `recv`).
     pub fn all_reduce<T: Element>(
         &self,
         send: Option<&CudaSlice<T>>,
@@ -533,6 +547,7 @@ impl NcclBackend {
         })
     }
 
+    /// As [`all_reduce`](Self::all_reduce), but only the root's `recv` gets the result.
     pub fn reduce<T: Element>(
         &self,
         send: Option<&CudaSlice<T>>,
@@ -602,6 +617,7 @@ impl NcclBackend {
         })
     }
 
+    /// Sends `buf` to `peer`, which must receive as many elements.
     pub fn send<T: Element>(&self, buf: &CudaSlice<T>, peer: usize) -> Result<()> {
         let count = buf.len();
         let (s, _s) = buf.device_ptr(&self.stream);
@@ -618,6 +634,7 @@ impl NcclBackend {
         })
     }
 
+    /// Receives `buf.len()` elements from `peer`.
     pub fn recv<T: Element>(&self, buf: &mut CudaSlice<T>, peer: usize) -> Result<()> {
         let count = buf.len();
         let (r, _r) = buf.device_ptr_mut(&self.stream);
