@@ -1,0 +1,29 @@
+//! NCCL's and CUDA's errors as this crate's: the call by name, NCCL's text and the usual hint.
+
+use cudarc::driver::DriverError;
+use cudarc::nccl::{result, sys};
+
+use crate::error::CommError;
+
+pub(super) fn driver_error(e: &DriverError) -> String {
+    format!("{e:?}")
+}
+
+/// An NCCL error by name, with its text and the usual hint.
+pub fn nccl_error(what: &str, e: result::NcclError) -> String {
+    // SAFETY: ncclGetErrorString returns a static string for any result code.
+    let text = unsafe { std::ffi::CStr::from_ptr(sys::ncclGetErrorString(e.0)) };
+    format!(
+        "{what} failed: {:?}: {} (run with NCCL_DEBUG=INFO for details)",
+        e.0,
+        text.to_string_lossy()
+    )
+}
+
+pub(super) fn cuda(what: &str) -> impl Fn(DriverError) -> CommError + '_ {
+    move |e| CommError::Backend(format!("CUDA {what} failed: {}", driver_error(&e)))
+}
+
+pub(super) fn nccl(what: &str) -> impl Fn(result::NcclError) -> CommError + '_ {
+    move |e| CommError::Backend(nccl_error(what, e))
+}
