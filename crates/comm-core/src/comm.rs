@@ -197,6 +197,40 @@ impl Communicator {
         }
     }
 
+    /// Runs `body`, whose collectives are enqueued back to back and waited for once, at the
+    /// end, for all of them: what nccl-tests times by default (N calls, one wait, total / N),
+    /// and how a training step overlaps its collectives with the CPU's work.
+    ///
+    /// On NCCL each call inside only waits until NCCL has enqueued it on the rank's stream;
+    /// when the outermost batch ends (batches nest, and behave as one) it waits for the GPU to
+    /// finish everything, under the watchdog, as a single call would, and it does so even when
+    /// `body` failed, so no work is left unwatched (a panic in `body` aborts the communicator
+    /// instead). [`to_host`](Self::to_host) inside a batch first waits for the calls before it,
+    /// so it reads their results; a [`barrier`](Self::barrier) inside only enqueues its
+    /// all-reduce. An error from any call inside may surface at the batch's end rather than at
+    /// the call. On the CPU backend every call completes before it returns, so `batch` just runs
+    /// `body`. Returns what `body` returns, or the first error.
+    pub fn batch<R>(&self, body: impl FnOnce() -> Result<R>) -> Result<R> {
+        match &self.engine {
+            Engine::Cpu(_) => body(),
+            Engine::Nccl(nccl) => nccl.batch(body),
+        }
+    }
+
+    /// Runs `body`'s collectives as one NCCL group, nccl-tests' `-m N` aggregation: the calls go
+    /// between one `ncclGroupStart` and `ncclGroupEnd`, NCCL launches them together at the end,
+    /// and they are waited for once after it (inside a [`batch`](Self::batch), not until the
+    /// batch ends). Groups nest as NCCL's do. Inside a group the calls have not run yet, so
+    /// [`to_host`](Self::to_host) there is an error, and buffers the calls use must outlive the
+    /// group (make them before it). On the CPU backend it just runs `body`. Returns what `body`
+    /// returns, or the first error.
+    pub fn group<R>(&self, body: impl FnOnce() -> Result<R>) -> Result<R> {
+        match &self.engine {
+            Engine::Cpu(_) => body(),
+            Engine::Nccl(nccl) => nccl.group(body),
+        }
+    }
+
     /// Blocks until every rank has called it.
     pub fn barrier(&self) -> Result<()> {
         let _range = crate::profile::range(|| "barrier".into());

@@ -7,6 +7,7 @@ use std::time::Duration;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result, sys};
 
+use super::batch::{Batching, Wait};
 use super::errors::{cuda, nccl};
 use super::id::{id_from_bytes, new_unique_id};
 use super::init::init_rank;
@@ -47,6 +48,8 @@ pub struct NcclBackend {
     world_size: usize,
     timeout: Duration,
     aborted: std::cell::Cell<bool>,
+    /// Batches and groups this rank is in: when calls are waited for.
+    batching: std::cell::Cell<Batching>,
 }
 
 impl NcclBackend {
@@ -82,6 +85,7 @@ impl NcclBackend {
             world_size,
             timeout: store.timeout(),
             aborted: std::cell::Cell::new(false),
+            batching: std::cell::Cell::new(Batching::default()),
         })
     }
 
@@ -98,14 +102,17 @@ impl NcclBackend {
         Ok(())
     }
 
-    /// Waits for the work just enqueued: first for NCCL to finish enqueuing it (a nonblocking
-    /// communicator may still be connecting), then for the GPU to finish it, watching for NCCL
-    /// and CUDA errors and the timeout all the while.
-    fn wait(&self, what: &str) -> Result<()> {
+    /// Waits for the work enqueued so far: first for NCCL to finish enqueuing it (a nonblocking
+    /// communicator may still be connecting), then, if `gpu`, for the GPU to finish it, watching
+    /// for NCCL and CUDA errors and the timeout all the while.
+    fn wait(&self, what: &str, gpu: bool) -> Result<()> {
         let mut done = None;
         let mut look = || -> Result<Look> {
             if async_state(self.comm).map_err(nccl(what))? == Look::Busy {
                 return Ok(Look::Busy);
+            }
+            if !gpu {
+                return Ok(Look::Done);
             }
             let event = match &done {
                 Some(event) => event,
@@ -127,6 +134,68 @@ impl NcclBackend {
         )
     }
 
+    /// Waits as the batching says: `what` names the call, or the batch or group.
+    fn settle(&self, wait: Wait, what: &str) -> Result<()> {
+        match wait {
+            Wait::Nothing => Ok(()),
+            // An aborted communicator is gone (no look at it is allowed), and so is its work.
+            _ if self.aborted.get() => self.check_usable(),
+            Wait::Enqueued => self.wait(what, false),
+            Wait::Finished { calls: 1 } => self.wait(what, true),
+            Wait::Finished { calls } => self.wait(&format!("{what} ({calls} calls)"), true),
+        }
+    }
+
+    /// Updates the batching state and returns what `step` says.
+    fn batching<R>(&self, step: impl FnOnce(&mut Batching) -> R) -> R {
+        let mut batching = self.batching.get();
+        let out = step(&mut batching);
+        self.batching.set(batching);
+        out
+    }
+
+    /// Runs `body` with its calls enqueued and not waited for one by one; the outermost batch
+    /// waits once, under the watchdog, for all of them when it ends, whether `body` succeeded
+    /// or not (a panic in `body` aborts the communicator instead, if calls were left unwaited).
+    pub(crate) fn batch<R>(&self, body: impl FnOnce() -> Result<R>) -> Result<R> {
+        self.batching(Batching::begin_batch);
+        let unwinding = AbortOnUnwind {
+            backend: self,
+            group: false,
+        };
+        let out = body();
+        std::mem::forget(unwinding);
+        let wait = self.batching(Batching::end_batch);
+        let waited = self.settle(wait, "batch");
+        out.and_then(|value| waited.map(|_| value))
+    }
+
+    /// Runs `body` inside one ncclGroupStart/ncclGroupEnd: NCCL launches its calls together at
+    /// the end, and they are waited for once after ncclGroupEnd (only until enqueued inside a
+    /// batch, which waits at its own end). ncclGroupEnd is called whether `body` succeeded or
+    /// not.
+    pub(crate) fn group<R>(&self, body: impl FnOnce() -> Result<R>) -> Result<R> {
+        self.check_usable()?;
+        result::group_start().map_err(nccl("ncclGroupStart"))?;
+        self.batching(Batching::begin_group);
+        let unwinding = AbortOnUnwind {
+            backend: self,
+            group: true,
+        };
+        let out = body();
+        std::mem::forget(unwinding);
+        let wait = self.batching(Batching::end_group);
+        let waited = match result::group_end() {
+            Ok(_) => self.settle(wait, "group"),
+            Err(e) => {
+                // Some of the group's calls may be in flight and nobody will watch them.
+                self.abort();
+                Err(nccl("ncclGroupEnd")(e))
+            }
+        };
+        out.and_then(|value| waited.map(|_| value))
+    }
+
     fn abort(&self) {
         if !self.aborted.replace(true) {
             // SAFETY: aborting a live communicator once; later calls see `aborted`.
@@ -142,13 +211,22 @@ impl NcclBackend {
     }
 
     /// Copies a GPU buffer back to the host, after the work queued before it on the stream.
+    /// In a batch, the calls before it are waited for first, under the watchdog; in a group,
+    /// whose calls only run at its end, it is an error.
     pub fn download<T: Element>(&self, buf: &CudaSlice<T>) -> Result<Vec<T>> {
+        let wait = self.batching(Batching::download).ok_or_else(|| {
+            CommError::Usage(
+                "to_host inside a group: the group's calls only run when it ends".into(),
+            )
+        })?;
+        self.settle(wait, "the calls before a download")?;
         self.stream
             .clone_dtoh(buf)
             .map_err(cuda("copying from the GPU"))
     }
 
-    /// Enqueues one NCCL call and waits for it.
+    /// Enqueues one NCCL call and waits for it as the batching says (outside batches and
+    /// groups: until the GPU finished it).
     fn enqueue(
         &self,
         what: &str,
@@ -159,7 +237,8 @@ impl NcclBackend {
     ) -> Result<()> {
         self.check_usable()?;
         launch(self.comm, self.cu_stream()).map_err(nccl(what))?;
-        self.wait(what)
+        let wait = self.batching(Batching::called);
+        self.settle(wait, what)
     }
 
     /// The one way a collective reaches NCCL: checks the buffers' lengths against `count` and
@@ -469,6 +548,29 @@ fn places(
         (Call::AllGather, None) => (mine, r),
         (Call::ReduceScatter { .. }, None) => (r, mine),
         (_, None) => (r, r),
+    }
+}
+
+/// Ends a batch or group when its body panics (closing NCCL's group too, so later calls are
+/// not swallowed by it), and aborts the communicator if that leaves calls enqueued that nobody
+/// will wait for.
+struct AbortOnUnwind<'a> {
+    backend: &'a NcclBackend,
+    group: bool,
+}
+
+impl Drop for AbortOnUnwind<'_> {
+    fn drop(&mut self) {
+        let backend = self.backend;
+        let end = if self.group {
+            let _ = result::group_end();
+            Batching::end_group
+        } else {
+            Batching::end_batch
+        };
+        if backend.batching(end) != Wait::Nothing || backend.batching(|b| b.unwaited()) > 0 {
+            backend.abort();
+        }
     }
 }
 

@@ -12,9 +12,10 @@
 //!
 //! The rooms, one concept each: `probe` (can NCCL run here?), `id` (the unique Id), `errors`
 //! (NCCL's and CUDA's errors as ours), `watchdog` (waiting without hanging), `init` (the
-//! communicator comes up), `calls` (the collectives, [`NcclBackend`]) and [`library`] (finding
+//! communicator comes up), `calls` (the collectives, [`NcclBackend`]), `batch` (when calls are waited for) and [`library`] (finding
 //! libnccl).
 
+mod batch;
 mod calls;
 mod errors;
 mod id;
