@@ -12,14 +12,19 @@ use crate::units::parse_bytes;
 pub const TIMING_HELP: &str = "\
 WHAT IS TIMED
   For each collective, size and placement (out-of-place, then in-place) every rank sets up its
-  buffers, then runs -w warm-up iterations untimed and -n timed ones. Each timed iteration starts
-  after a barrier; a rank's clock runs from the call to its return. comm-core's collectives return
-  only when their work is done: on NCCL the call is enqueued on the rank's CUDA stream and the
-  stream is synchronized before it returns, so the time includes the GPU's work. An iteration's
-  time is the slowest rank's (the ranks' times are reduced with max after the loop, outside the
-  timed region). The table shows the median of the -n iteration times; --csv and --json also keep
-  the min and max. nccl-tests instead averages back-to-back iterations without barriers; medians
-  of barrier-separated iterations are less sensitive to a noisy machine.
+  buffers, then runs -w warm-up iterations untimed and -n timed ones, each of -m calls (one NCCL
+  group when -m > 1). Times are per call and the slowest rank's (the ranks' times are reduced with
+  max after the loop, outside the timed region). Waits are for the device's work: on NCCL the
+  stream is waited for, so the time includes the GPU's work.
+  -z 0 (default, nccl-tests' default): after a barrier the timed iterations are enqueued back to
+    back and waited for once at the end; time = total / (iterations x -m). Launch costs hide
+    behind the previous call's work, as in a training loop.
+  -z 1: each iteration starts after a barrier and is waited for before the next; its time runs
+    from the call to the end of its work (the barrier is not counted, unlike nccl-tests' -z 1,
+    which counts it); the table shows the median, --csv and --json also the min and max.
+  The CPU backend's collectives complete before they return, so -z 0 there means back to back
+  with no barrier between calls, and -m just repeats the call. CUDA graphs (nccl-tests' -G) are
+  not used.
 
   algbw = size / time (GB/s, 10^9 bytes per second), size being the whole buffer a rank sends or
   receives: the gathered buffer for all_gather, the buffer before scattering for reduce_scatter.
@@ -139,6 +144,18 @@ pub struct BenchArgs {
     /// Untimed warm-up iterations before them [default: 5].
     #[arg(short = 'w', long = "warmup_iters", value_name = "N")]
     pub warmup: Option<usize>,
+
+    /// How the timed iterations wait, as nccl-tests' -z: 0 enqueues them back to back and waits
+    /// once (time = total / iterations); 1 waits for each call, every iteration starting after
+    /// a barrier (time = median of the iterations). On the CPU backend every call completes
+    /// before it returns: 0 runs the calls back to back with no barrier between them [default: 0].
+    #[arg(short = 'z', long = "blocking", value_name = "0|1")]
+    pub blocking: Option<u8>,
+
+    /// Calls per timed iteration, enqueued as one NCCL group (nccl-tests' -m); times are per
+    /// call. On the CPU backend the calls simply run one after another [default: 1].
+    #[arg(short = 'm', long = "agg_iters", value_name = "N")]
+    pub agg_iters: Option<usize>,
 
     /// Correctness checks after the timing: 0 turns them off [default: 1].
     #[arg(short = 'c', long = "check", value_name = "N")]

@@ -14,6 +14,7 @@ use clap::ValueEnum;
 use comm_core::backend::{self, BackendKind, Selection};
 use comm_core::launch::{LaunchArgs, DEFAULT_CPU_RANKS};
 use comm_core::spawn::{self, Outcome, SpawnPlan};
+use comm_core::timing::{Loop, Waiting};
 use comm_core::{BackendChoice, Collective, Communicator, Device, Job, ReduceOp, Topology};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -496,12 +497,21 @@ fn measure_all(
         nodes: (topology.world_size / topology.local_world_size.max(1)).max(1),
         warmup: plan.warmup,
         iters: plan.iters,
+        blocking: match plan.waiting {
+            Waiting::BackToBack => 0,
+            Waiting::EachCall => 1,
+        },
+        agg_iters: plan.aggregate,
         started: record::utc_now(),
     };
     let budget = memory_budget(comm, topology.local_world_size)?;
     let opts = Options {
-        warmup: plan.warmup,
-        iters: plan.iters,
+        timed: Loop {
+            warmup: plan.warmup,
+            iters: plan.iters,
+            aggregate: plan.aggregate,
+            waiting: plan.waiting,
+        },
         checks: plan.checks,
         out_of_place: plan.out_of_place,
         in_place: plan.in_place,

@@ -8,7 +8,7 @@
 
 use comm_core::check::{self, Mismatch};
 use comm_core::collective::Buffers;
-use comm_core::timing::{time_iterations, Timing};
+use comm_core::timing::{time_loop, Loop, Timing};
 use comm_core::{Collective, CommError, Communicator, DType, Element, ReduceOp, Result};
 
 /// nccl-tests' two ways to call a collective.
@@ -45,8 +45,8 @@ pub struct Case {
 /// How to measure.
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
-    pub warmup: usize,
-    pub iters: usize,
+    /// The timed loop: warm-up, iterations, -m and -z.
+    pub timed: Loop,
     pub checks: usize,
     pub out_of_place: bool,
     pub in_place: bool,
@@ -178,9 +178,7 @@ fn placement_outcome<T: Element>(
 ) -> Result<Outcome> {
     let timing = {
         let mut buffers = case.buffers::<T>(comm)?;
-        time_iterations(comm, opts.warmup, opts.iters, || {
-            case.call(comm, &mut buffers)
-        })?
+        time_loop(comm, &opts.timed, || case.call(comm, &mut buffers))?
     };
     if opts.checks == 0 {
         return Ok(Outcome {

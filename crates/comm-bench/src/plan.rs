@@ -1,5 +1,6 @@
 //! What to measure: the flags, a preset's values under them, and the defaults under both.
 
+use comm_core::timing::Waiting;
 use comm_core::{BackendChoice, Collective, DType, ReduceOp};
 
 use crate::cli::{BenchArgs, Placements, Preset};
@@ -16,6 +17,10 @@ pub struct Plan {
     pub root: usize,
     pub iters: usize,
     pub warmup: usize,
+    /// How the timed iterations wait (-z).
+    pub waiting: Waiting,
+    /// Calls per timed iteration (-m).
+    pub aggregate: usize,
     pub checks: usize,
     pub out_of_place: bool,
     pub in_place: bool,
@@ -131,6 +136,19 @@ impl Plan {
         if iters == 0 {
             return Err("-n/--iters 0: time at least one iteration".into());
         }
+        let waiting = match args.blocking.unwrap_or(0) {
+            0 => Waiting::BackToBack,
+            1 => Waiting::EachCall,
+            z => {
+                return Err(format!(
+                    "-z/--blocking {z}: give 0 (back to back, one wait) or 1 (wait for each call)"
+                ))
+            }
+        };
+        let aggregate = args.agg_iters.unwrap_or(1);
+        if aggregate == 0 {
+            return Err("-m/--agg_iters 0: aggregate at least one call per iteration".into());
+        }
         Ok(Plan {
             collectives,
             sizes,
@@ -139,6 +157,8 @@ impl Plan {
             root: args.root.unwrap_or(0),
             iters,
             warmup: args.warmup.unwrap_or(5),
+            waiting,
+            aggregate,
             checks: args.check.unwrap_or(1),
             out_of_place: placement != Placements::InPlace,
             in_place: placement != Placements::OutOfPlace,
@@ -189,6 +209,7 @@ mod tests {
         assert_eq!(p.sizes.first(), Some(&1024));
         assert_eq!(p.sizes.last(), Some(&(64 << 20)));
         assert_eq!((p.iters, p.warmup, p.checks, p.root), (20, 5, 1, 0));
+        assert_eq!((p.waiting, p.aggregate), (Waiting::BackToBack, 1));
         assert!(p.in_place && p.out_of_place);
         assert_eq!(p.backends, vec![BackendChoice::Auto]);
         assert_eq!(p.world_sizes, None);
@@ -204,6 +225,13 @@ mod tests {
         assert_eq!(p.sizes.len(), 25);
         assert_eq!(p.sizes[24], 128 << 20);
         assert_eq!((p.iters, p.warmup, p.checks, p.root), (7, 2, 0, 1));
+        let blocking = plan(&["-z", "1", "-m", "4"]).unwrap();
+        assert_eq!(
+            (blocking.waiting, blocking.aggregate),
+            (Waiting::EachCall, 4)
+        );
+        assert!(plan(&["-z", "2"]).unwrap_err().contains("-z/--blocking 2"));
+        assert!(plan(&["-m", "0"]).unwrap_err().contains("-m/--agg_iters 0"));
         assert_eq!((p.dtypes[0], p.ops[0]), (DType::F64, ReduceOp::Max));
         let p = plan(&["-b", "1K", "-e", "4K", "-i", "1K"]).unwrap();
         assert_eq!(p.sizes, vec![1024, 2048, 3072, 4096]);

@@ -33,7 +33,15 @@ pub struct Row {
     pub placement: String,
     pub warmup: usize,
     pub iters: usize,
-    /// Per-iteration times (each the slowest rank's), in microseconds.
+    /// nccl-tests' -z: 0 back to back with one wait, 1 each call waited for (rows written before
+    /// the flag existed were timed as 1).
+    #[serde(default = "each_call")]
+    pub blocking: u8,
+    /// Calls per timed iteration (-m).
+    #[serde(default = "one")]
+    pub agg_iters: usize,
+    /// Per call, in microseconds: the median over iterations with -z 1 (min and max beside it),
+    /// the loop's total over its calls with -z 0 (min = median = max). The slowest rank's.
     pub time_us_median: f64,
     pub time_us_min: f64,
     pub time_us_max: f64,
@@ -63,7 +71,19 @@ pub struct RunInfo {
     pub nodes: usize,
     pub warmup: usize,
     pub iters: usize,
+    /// nccl-tests' -z (0: back to back, one wait; 1: each call waited for).
+    pub blocking: u8,
+    /// Calls per timed iteration (-m).
+    pub agg_iters: usize,
     pub started: String,
+}
+
+fn each_call() -> u8 {
+    1
+}
+
+fn one() -> usize {
+    1
 }
 
 impl Row {
@@ -93,6 +113,8 @@ impl Row {
             placement: placement.name().into(),
             warmup: info.warmup,
             iters: info.iters,
+            blocking: info.blocking,
+            agg_iters: info.agg_iters,
             time_us_median: median * 1e6,
             time_us_min: o.timing.min() * 1e6,
             time_us_max: o.timing.max() * 1e6,
@@ -207,6 +229,8 @@ pub(crate) fn sample_row() -> Row {
         placement: "out-of-place".into(),
         warmup: 5,
         iters: 20,
+        blocking: 0,
+        agg_iters: 1,
         time_us_median: 1234.5678901234,
         time_us_min: 1000.0,
         time_us_max: 2000.0,

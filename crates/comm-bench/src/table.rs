@@ -13,7 +13,7 @@ pub fn header(info: &RunInfo, collective: &str, plan: &Plan) -> String {
     };
     format!(
         "# comm-bench {}: {collective} on {} ranks ({nodes}), backend {} ({}), host {}, {}\n\
-         # minBytes {} maxBytes {} warmup iters: {} iters: {} check: {}; time = median over iterations of the slowest rank\n\
+         # minBytes {} maxBytes {} warmup iters: {} iters: {} agg iters: {} blocking: {} check: {}; time = {}\n\
          #\n\
          #                                                              out-of-place                       in-place\n\
          #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n\
@@ -28,7 +28,13 @@ pub fn header(info: &RunInfo, collective: &str, plan: &Plan) -> String {
         plan.sizes.last().unwrap_or(&0),
         info.warmup,
         info.iters,
+        info.agg_iters,
+        info.blocking,
         plan.checks,
+        match info.blocking {
+            0 => "total / calls, enqueued back to back and waited for once, slowest rank",
+            _ => "median over iterations, each call waited for, slowest rank",
+        },
     )
 }
 
@@ -118,6 +124,8 @@ mod tests {
             nodes: 1,
             warmup: 5,
             iters: 20,
+            blocking: 0,
+            agg_iters: 1,
             started: String::new(),
         };
         let args = crate::cli::BenchArgs {

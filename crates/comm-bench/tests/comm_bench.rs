@@ -200,6 +200,53 @@ fn alltoall_on_two_three_and_four_ranks() {
     }
 }
 
+/// nccl-tests' two timing modes on the CPU backend: -z 0 (the default: back to back, one wait,
+/// total / calls) and -z 1 (each call waited for, median), with -m calls per iteration.
+#[test]
+fn both_timing_modes_run_on_the_cpu_backend() {
+    let dir = scratch("modes");
+    for (flags, blocking, agg, header) in [
+        (vec![], 0, 1, "time = total / calls, enqueued back to back"),
+        (
+            vec!["-z", "1", "-m", "3"],
+            1,
+            3,
+            "time = median over iterations, each call",
+        ),
+    ] {
+        let csv = dir.join(format!("z{blocking}.csv"));
+        let mut args = vec![
+            "--backend",
+            "cpu",
+            "--world-sizes",
+            "2",
+            "-b",
+            "4K",
+            "-e",
+            "64K",
+        ];
+        args.extend(["-n", "4", "-w", "1", "--csv", csv.to_str().unwrap()]);
+        args.extend(flags);
+        let (out, stdout, stderr) = run(&args);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let said = format!("agg iters: {agg} blocking: {blocking} check: 1; {header}");
+        assert!(stdout.contains(&said), "{said} in\n{stdout}");
+        let rows = record::read(&csv).unwrap();
+        assert_eq!(rows.len(), 3 * 2, "3 sizes, 2 placements");
+        for r in &rows {
+            assert_eq!((r.blocking, r.agg_iters, r.wrong), (blocking, agg, Some(0)));
+            assert!(r.time_us_median > 0.0, "{r:?}");
+            if blocking == 0 {
+                // One time for the whole loop.
+                assert_eq!(
+                    (r.time_us_min, r.time_us_max),
+                    (r.time_us_median, r.time_us_median)
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn a_corrupted_result_is_counted_and_fails_the_run() {
     let (out, stdout, stderr) = run(&[
@@ -310,6 +357,10 @@ fn mistakes_are_explained() {
         "2(n-1)/n",
         "--inject-error",
         "--preset",
+        "-z, --blocking",
+        "-m, --agg_iters",
+        "back to back",
+        "On the CPU backend",
     ] {
         assert!(stdout.contains(documented), "{documented}\n{stdout}");
     }

@@ -1,7 +1,8 @@
-//! How long a collective takes, measured the way nccl-tests does: warm-up iterations first, every
-//! rank starts each iteration together (a barrier), and an iteration's time is the slowest rank's.
-//! Collectives return only when their work is done (NCCL's are waited for on the device), so the
-//! wall-clock time includes the device time. Bandwidths use nccl-tests' formulas:
+//! How long a collective takes, measured the way nccl-tests does: warm-up iterations first, then
+//! either back to back with one wait at the end (nccl-tests' default) or each call waited for,
+//! every rank starting each iteration together (a barrier, `-z 1`); a time is the slowest rank's.
+//! Waits are for the device's work (NCCL's calls are waited for on the GPU), so the wall-clock
+//! time includes the device time. Bandwidths use nccl-tests' formulas:
 //! algbw = bytes / time, busbw = algbw × a factor that makes the number comparable to a link's
 //! speed whatever the world size (the collective table's [`Collective::bus_factor`]).
 
@@ -57,29 +58,94 @@ impl Timing {
     }
 }
 
+/// How a timed loop waits for its collectives: nccl-tests' `-z`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// nccl-tests' default (`-z 0`): the iterations are enqueued back to back and waited for
+    /// once at the end; an iteration's time is the total over the number of iterations, so the
+    /// launch of one call hides behind the previous one's work.
+    BackToBack,
+    /// `-z 1`: every iteration starts after a barrier and is waited for before the next; its time
+    /// runs from the call to the end of its work (the barrier is not counted), and the loop's time
+    /// is the median: the latency of one collective on its own.
+    EachCall,
+}
+
+/// A timed loop: `warmup` untimed iterations, then `iters` timed ones, each of `aggregate`
+/// calls in one group (nccl-tests' `-m`), waited for as `waiting` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loop {
+    /// Untimed iterations first.
+    pub warmup: usize,
+    /// Timed iterations.
+    pub iters: usize,
+    /// Calls per iteration, enqueued as one group (1: no group).
+    pub aggregate: usize,
+    /// How the calls are waited for.
+    pub waiting: Waiting,
+}
+
 /// Runs `op` `warmup` times untimed, then `iters` times timed. Every iteration starts after a
 /// barrier; its time is the slowest rank's (an all-reduce of the ranks' times with Max, outside
-/// the timed region).
+/// the timed region). The loop of [`Waiting::EachCall`], one call per iteration.
 pub fn time_iterations(
     comm: &Communicator,
     warmup: usize,
     iters: usize,
+    op: impl FnMut() -> Result<()>,
+) -> Result<Timing> {
+    let each_call = Loop {
+        warmup,
+        iters,
+        aggregate: 1,
+        waiting: Waiting::EachCall,
+    };
+    time_loop(comm, &each_call, op)
+}
+
+/// Times `op` as `plan` says. Every rank must call it. The times are per call (an aggregated
+/// iteration's time over its calls) and the slowest rank's: [`Waiting::EachCall`] gives one per
+/// iteration, [`Waiting::BackToBack`] one for the whole loop.
+pub fn time_loop(
+    comm: &Communicator,
+    plan: &Loop,
     mut op: impl FnMut() -> Result<()>,
 ) -> Result<Timing> {
-    let warming = crate::profile::range(|| format!("warm-up x{warmup}"));
-    for _ in 0..warmup {
+    let aggregate = plan.aggregate.max(1);
+    // One iteration: `aggregate` calls, grouped when there are several, as nccl-tests does.
+    let mut iteration = || -> Result<()> {
+        match aggregate {
+            1 => op(),
+            n => comm.group(|| (0..n).try_for_each(|_| op())),
+        }
+    };
+    let warming = crate::profile::range(|| format!("warm-up x{}", plan.warmup));
+    for _ in 0..plan.warmup {
         comm.barrier()?;
-        op()?;
+        iteration()?;
     }
     drop(warming);
-    let _timed = crate::profile::range(|| format!("timed loop x{iters}"));
-    let mut mine = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        comm.barrier()?;
-        let start = Instant::now();
-        op()?;
-        mine.push(start.elapsed().as_secs_f64());
-    }
+    let _timed = crate::profile::range(|| format!("timed loop x{}", plan.iters));
+    let calls = aggregate as f64;
+    let mine = match plan.waiting {
+        Waiting::EachCall => {
+            let mut mine = Vec::with_capacity(plan.iters);
+            for _ in 0..plan.iters {
+                comm.barrier()?;
+                let start = Instant::now();
+                iteration()?;
+                mine.push(start.elapsed().as_secs_f64() / calls);
+            }
+            mine
+        }
+        Waiting::BackToBack => {
+            comm.barrier()?;
+            let start = Instant::now();
+            comm.batch(|| (0..plan.iters).try_for_each(|_| iteration()))?;
+            let total = start.elapsed().as_secs_f64();
+            vec![total / (plan.iters.max(1) as f64 * calls)]
+        }
+    };
     let mut slowest = comm.buffer(&mine)?;
     comm.all_reduce(&mut slowest, ReduceOp::Max)?;
     Ok(Timing {

@@ -103,3 +103,51 @@ fn a_failing_body_fails_the_batch_and_the_group_with_its_error() {
         assert_eq!(one, vec![2]);
     }
 }
+
+/// The timed loops comm-bench runs: back to back (one time for the whole loop, per call) or each
+/// call waited for (one time per iteration), `aggregate` calls per iteration in one group.
+#[test]
+fn timed_loops_run_every_call_and_report_per_call_times() {
+    use comm_core::timing::{time_loop, Loop, Waiting};
+    let plan = |waiting, aggregate| Loop {
+        warmup: 2,
+        iters: 5,
+        aggregate,
+        waiting,
+    };
+    let results = on_ranks(2, |comm| {
+        let mut buf = comm.buffer(&[1i64]).unwrap();
+        let mut calls = 0;
+        let mut run = |loop_plan: Loop| {
+            let before = calls;
+            let timing = time_loop(comm, &loop_plan, || {
+                calls += 1;
+                comm.all_reduce(&mut buf, ReduceOp::Max)
+            })
+            .unwrap();
+            (timing.seconds, calls - before)
+        };
+        [
+            run(plan(Waiting::BackToBack, 1)),
+            run(plan(Waiting::BackToBack, 3)),
+            run(plan(Waiting::EachCall, 1)),
+            run(plan(Waiting::EachCall, 4)),
+        ]
+    });
+    for (rank, runs) in results.iter().enumerate() {
+        let [(b1, n_b1), (b3, n_b3), (e1, n_e1), (e4, n_e4)] = runs;
+        // (warm-up + timed iterations) x calls per iteration.
+        assert_eq!([*n_b1, *n_b3, *n_e1, *n_e4], [7, 21, 7, 28], "rank {rank}");
+        assert_eq!((b1.len(), b3.len()), (1, 1), "back to back: one time");
+        assert_eq!(
+            (e1.len(), e4.len()),
+            (5, 5),
+            "each call: one time per iteration"
+        );
+        for t in b1.iter().chain(b3).chain(e1).chain(e4) {
+            assert!(*t > 0.0 && *t < 5.0, "rank {rank}: {t}");
+        }
+        // The slowest rank's times: the same on every rank.
+        assert_eq!(runs, &results[0], "rank {rank}");
+    }
+}
