@@ -10,7 +10,12 @@
 //! watchdog (like PyTorch's) polls NCCL for asynchronous errors and aborts the communicator when
 //! the call outlives the timeout, e.g. because a peer died: an error, never a hang.
 
+mod device;
 pub mod library;
+
+pub use device::{
+    bus_id, check_one_gpu_per_rank, device_for, hostname, shared_gpu, GpuSeat, SharedGpu,
+};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -142,21 +147,6 @@ pub fn probe(machine: &impl Machine) -> Probe {
         Ok(version) => Probe::Ready { gpus, version },
         Err(reason) => Probe::Unavailable(reason),
     }
-}
-
-/// The GPU for a rank: `local_rank % gpus`, one rank per GPU.
-pub fn device_for(local_rank: usize, local_world_size: usize, gpus: usize) -> Result<usize> {
-    if gpus == 0 {
-        return Err(CommError::Backend("no GPU visible to this rank".into()));
-    }
-    if local_world_size > gpus {
-        return Err(CommError::Backend(format!(
-            "{local_world_size} ranks on this node but only {gpus} GPU{}: NCCL needs one GPU per rank \
-             (two ranks on one GPU fail with ncclInvalidUsage); start at most {gpus} per node (-n {gpus})",
-            if gpus == 1 { "" } else { "s" }
-        )));
-    }
-    Ok(local_rank % gpus)
 }
 
 /// The unique Id as the bytes the store carries, and back.
@@ -732,20 +722,6 @@ impl Drop for NcclBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn one_rank_per_gpu() {
-        assert_eq!(device_for(0, 4, 4).unwrap(), 0);
-        assert_eq!(device_for(3, 4, 4).unwrap(), 3);
-        assert_eq!(device_for(1, 2, 4).unwrap(), 1);
-        let err = device_for(2, 3, 2).unwrap_err().to_string();
-        assert!(
-            err.contains("3 ranks on this node but only 2 GPUs"),
-            "{err}"
-        );
-        assert!(err.contains("-n 2"), "{err}");
-        assert!(device_for(0, 1, 0).is_err());
-    }
 
     #[test]
     fn the_watchdog_waits_for_done() {
