@@ -139,3 +139,25 @@ impl fmt::Display for Device {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unlinked_libnccl_so2_is_a_reason_with_the_fix_not_a_restart() {
+        let so2 = std::path::Path::new("/venv/nvidia/nccl/lib/libnccl.so.2");
+        let reason = unlinked(so2);
+        assert!(
+            reason.contains("comm_core::backend::prepare()")
+                && reason.contains("ln -s /venv/nvidia/nccl/lib/libnccl.so.2 DIR/libnccl.so"),
+            "{reason}"
+        );
+        let auto = unavailable(BackendChoice::Auto, reason.clone()).unwrap();
+        assert_eq!((auto.kind, auto.gpus), (BackendKind::Cpu, 0));
+        let nccl = unavailable(BackendChoice::Nccl, reason)
+            .unwrap_err()
+            .to_string();
+        assert!(nccl.contains("NCCL cannot run here: only "), "{nccl}");
+    }
+}
