@@ -53,7 +53,9 @@ check allreduce 0 "Gpu $((n - 1)) +\| $n +\| $n +\| $n +\| $n +\|" "$BIN_DIR/02-
 check collectives 0 "checks: [0-9]+ passed, 0 failed on $n ranks \($BACKEND\)" \
   "$BIN_DIR/collective-check" --backend "$BACKEND" -n "$n"
 if [ "$BACKEND" = nccl ]; then
-  check too-many-ranks fail "only $n GPU" "$BIN_DIR/00-hello-world" --backend nccl -n "$((n + 1))"
+  # One rank more than GPUs: rank n takes cuda:0 again, and the ranks' PCI bus ids say so.
+  check too-many-ranks fail "ranks 0 and $n share one GPU on host .* \\(PCI bus id " \
+    "$BIN_DIR/00-hello-world" --backend nccl -n "$((n + 1))"
 fi
 
 echo

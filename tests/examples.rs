@@ -246,17 +246,17 @@ fn check_gloo_vs_nccl(stdout: &str, mb: usize, layout: Layout) {
             assert_eq!(timing_line(stdout, "nccl").0, mb);
             assert!(stdout.contains("NCCL was "), "{stdout}");
         }
-        // Too many ranks for the GPUs, or pretended nodes sharing them (NCCL refuses two
-        // ranks on one GPU).
+        // Too many ranks for the GPUs, or pretended nodes sharing them: the ranks' PCI bus ids
+        // name two ranks of this host on one GPU (NCCL would refuse them with ncclInvalidUsage).
         Kind::Nccl => {
             assert!(stdout.contains("Rank 0 (nccl): skipped: "), "{stdout}");
-            if layout.ranks_per_node > gpus {
-                let why = format!(
-                    "{} ranks on this node but only {gpus} GPU",
-                    layout.ranks_per_node
-                );
-                assert!(stdout.contains(&why), "{why:?} in\n{stdout}");
-            }
+            let why = if layout.ranks_per_node > gpus {
+                // Local rank `gpus` of the first node takes cuda:0 again, as rank 0 does.
+                format!("ranks 0 and {gpus} share one GPU on host ")
+            } else {
+                "share one GPU on host ".to_string()
+            };
+            assert!(stdout.contains(&why), "{why:?} in\n{stdout}");
         }
     }
 }

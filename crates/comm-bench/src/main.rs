@@ -6,6 +6,9 @@ use clap::Parser;
 use comm_bench::cli::{Cli, Command};
 
 fn main() -> ExitCode {
+    // First thing: link pip's libnccl.so.2 and restart if needed, before any socket or rank
+    // (a failure becomes the NCCL backend's reason, as in comm_core::launch).
+    let _ = comm_core::backend::prepare();
     let cli = Cli::parse();
     let code = match &cli.command {
         Some(Command::Report(args)) => match comm_bench::report::report(&args.files, &args.out) {

@@ -3,9 +3,9 @@
 //!     cargo run -p comm-core --example nccl-probe
 //!
 //! The steps are the ones `--backend auto` takes: the CUDA driver, the GPUs it sees, libnccl
-//! (pip's `libnccl.so.2` is linked as `libnccl.so` and the probe restarts itself, as every
-//! program here does), and a unique Id, which needs NCCL but no GPU: the address inside it is
-//! where rank 0 would wait for the others.
+//! (pip's `libnccl.so.2` is linked as `libnccl.so` and the probe restarts itself at its start,
+//! through `library::link_at_start`, as every program does), and a unique Id, which needs NCCL
+//! but no GPU: the address inside it is where rank 0 would wait for the others.
 
 use comm_core::backend::nccl::{self, library, Machine, ThisMachine};
 use comm_core::backend::{select, BackendChoice};
@@ -17,12 +17,11 @@ fn main() -> std::process::ExitCode {
 
     // libnccl first, before anything is printed: if only libnccl.so.2 is around, link it as
     // libnccl.so and restart with the link on LD_LIBRARY_PATH (the loader reads it at start).
-    if !machine.nccl_loadable() && !machine.relinked() {
-        if let Some(so2) = machine.find_libnccl_so2() {
-            let error = library::restart_with_link(&so2, &var);
-            eprintln!("nccl-probe: cannot load {}: {error}", so2.display());
-            return std::process::ExitCode::from(2);
-        }
+    // The start every program makes (backend::prepare), but even without a CUDA driver: loading
+    // libnccl and making a unique Id need none, and that is what the probe shows.
+    if let Err(error) = library::link_at_start(library::When::Always) {
+        eprintln!("nccl-probe: cannot link libnccl.so.2 and restart: {error}");
+        return std::process::ExitCode::from(2);
     }
 
     let driver = machine.has_driver();

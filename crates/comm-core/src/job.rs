@@ -33,8 +33,8 @@ impl Job {
     /// Meets the other ranks: decides the backend (rank 0 says which and why), then rank 0
     /// serves the store at MASTER_PORT and every rank connects to it.
     ///
-    /// The backend is decided first because the decision may restart the program (to link
-    /// pip's `libnccl.so.2`, see [`nccl::library`]), which must happen before any socket exists.
+    /// Deciding has no side effects: linking pip's `libnccl.so.2` (and the restart that takes)
+    /// happened at the start of the process, in [`backend::prepare`] (see [`nccl::library`]).
     pub fn rendezvous(
         topology: &Topology,
         choice: BackendChoice,
@@ -120,11 +120,10 @@ impl Job {
                 Communicator::cpu(Box::new(transport), topology.local_rank)
             }
             BackendKind::Nccl => {
-                let ordinal = nccl::device_for(
-                    topology.local_rank,
-                    topology.local_world_size,
-                    selection.gpus,
-                )?;
+                let ordinal = nccl::device_for(topology.local_rank, selection.gpus)?;
+                // One GPU per rank: two ranks of one host on the same GPU are named here, in
+                // one error on every rank, before NCCL would refuse them.
+                nccl::check_one_gpu_per_rank(&self.store, &name, rank, world_size, ordinal)?;
                 let prefix = format!("{name}/nccl");
                 let backend =
                     NcclBackend::connect(&self.store, &prefix, rank, world_size, ordinal)?;

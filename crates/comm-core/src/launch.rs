@@ -72,11 +72,17 @@ pub fn run_as(
 
 /// Like [`run_as`], but hands the body the [`Job`], from which it builds its communicators
 /// (several backends over the same ranks, as example 03 and comm-bench do).
+///
+/// First of all, in the parent that spawns ranks and in a rank alike, [`backend::prepare`]
+/// links pip's `libnccl.so.2` and restarts the program if it must: before any socket or rank
+/// exists, never in the middle of the job.
 pub fn run_job(
     args: &LaunchArgs,
     given: Option<Topology>,
     body: impl FnOnce(&Job) -> Result<()>,
 ) -> i32 {
+    // A failure here is not fatal (a CPU job runs on): `select` gives it as NCCL's reason.
+    let _ = backend::prepare();
     let topology = match given.map_or_else(Topology::from_env, |t| Ok(Some(t))) {
         Ok(t) => t,
         Err(e) => {

@@ -53,11 +53,18 @@ impl fmt::Display for Selection {
     }
 }
 
-/// Decides the backend. Never panics: a missing driver or library is a reason, not a crash.
-///
-/// When the only NCCL around is `libnccl.so.2` (pip's wheels, runtime packages), this restarts
-/// the program with a `libnccl.so` link to it on LD_LIBRARY_PATH (see [`nccl::library`]); the
-/// restarted program decides again and finds it.
+/// Call first thing in `main`, before any socket or rank exists ([`crate::launch`]'s entry points
+/// do): where the only NCCL is `libnccl.so.2` (pip's wheels, runtime packages) and a CUDA driver
+/// is present, it links it as `libnccl.so` in a private folder and restarts the program with
+/// that folder on LD_LIBRARY_PATH, once (see [`nccl::library::link_at_start`]). Elsewhere it
+/// returns at once. A failure is remembered and becomes [`select`]'s reason.
+pub fn prepare() -> crate::Result<()> {
+    nccl::library::link_at_start(nccl::library::When::DriverPresent)
+}
+
+/// Decides the backend. Never panics: a missing driver or library is a reason, not a crash; and
+/// has no side effects: where the only NCCL is a `libnccl.so.2` that [`prepare`] did not link,
+/// the reason says how to fix it.
 pub fn select(choice: BackendChoice) -> crate::Result<Selection> {
     let var = |name: &str| std::env::var(name).ok();
     let cpu = |reason: String| Selection {
@@ -82,11 +89,36 @@ pub fn select(choice: BackendChoice) -> crate::Result<Selection> {
             ),
             gpus,
         }),
-        nccl::Probe::Relink(library) => Err(nccl::library::restart_with_link(&library, &var)),
-        nccl::Probe::Unavailable(reason) if choice == BackendChoice::Auto => Ok(cpu(reason)),
-        nccl::Probe::Unavailable(reason) => Err(crate::CommError::Backend(format!(
+        nccl::Probe::Relink(library) => unavailable(choice, unlinked(&library)),
+        nccl::Probe::Unavailable(reason) => unavailable(choice, reason),
+    }
+}
+
+/// Why an unlinked `libnccl.so.2` at `library` cannot be used, and how to fix that.
+fn unlinked(library: &std::path::Path) -> String {
+    match nccl::library::start_failure() {
+        Some(failure) => format!("libnccl.so.2 was found but could not be linked: {failure}"),
+        None => format!(
+            "only {} was found and cudarc loads libnccl.so; call \
+             comm_core::backend::prepare() first thing in main (comm_core::launch does), or \
+             link it yourself: `ln -s {} DIR/libnccl.so` with DIR on LD_LIBRARY_PATH",
+            library.display(),
+            library.display()
+        ),
+    }
+}
+
+/// NCCL cannot run: the CPU under `auto`, an error under `nccl`.
+fn unavailable(choice: BackendChoice, reason: String) -> crate::Result<Selection> {
+    match choice {
+        BackendChoice::Nccl => Err(crate::CommError::Backend(format!(
             "NCCL cannot run here: {reason} (--backend cpu or auto runs on the CPU)"
         ))),
+        _ => Ok(Selection {
+            kind: BackendKind::Cpu,
+            reason,
+            gpus: 0,
+        }),
     }
 }
 
@@ -105,5 +137,27 @@ impl fmt::Display for Device {
             Device::Cpu(n) => write!(f, "cpu:{n}"),
             Device::Cuda(n) => write!(f, "cuda:{n}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unlinked_libnccl_so2_is_a_reason_with_the_fix_not_a_restart() {
+        let so2 = std::path::Path::new("/venv/nvidia/nccl/lib/libnccl.so.2");
+        let reason = unlinked(so2);
+        assert!(
+            reason.contains("comm_core::backend::prepare()")
+                && reason.contains("ln -s /venv/nvidia/nccl/lib/libnccl.so.2 DIR/libnccl.so"),
+            "{reason}"
+        );
+        let auto = unavailable(BackendChoice::Auto, reason.clone()).unwrap();
+        assert_eq!((auto.kind, auto.gpus), (BackendKind::Cpu, 0));
+        let nccl = unavailable(BackendChoice::Nccl, reason)
+            .unwrap_err()
+            .to_string();
+        assert!(nccl.contains("NCCL cannot run here: only "), "{nccl}");
     }
 }

@@ -12,11 +12,13 @@
 //!
 //! The rooms, one concept each: `probe` (can NCCL run here?), `id` (the unique Id), `errors`
 //! (NCCL's and CUDA's errors as ours), `watchdog` (waiting without hanging), `init` (the
-//! communicator comes up), `calls` (the collectives, [`NcclBackend`]), `batch` (when calls are waited for) and [`library`] (finding
-//! libnccl).
+//! communicator comes up), `calls` (the collectives, [`NcclBackend`]), `batch` (when calls are
+//! waited for), `device` (which GPU a rank uses, and that no two ranks share one) and
+//! [`library`] (finding libnccl).
 
 mod batch;
 mod calls;
+mod device;
 mod errors;
 mod id;
 mod init;
@@ -25,42 +27,9 @@ mod probe;
 mod watchdog;
 
 pub use calls::NcclBackend;
+pub use device::{
+    bus_id, check_one_gpu_per_rank, device_for, hostname, shared_gpu, GpuSeat, SharedGpu,
+};
 pub use errors::nccl_error;
 pub use id::{bootstrap_address, id_from_bytes, id_to_bytes, new_unique_id};
 pub use probe::{probe, Machine, Probe, ThisMachine};
-
-use crate::error::{CommError, Result};
-
-/// The GPU for a rank: `local_rank % gpus`, one rank per GPU.
-pub fn device_for(local_rank: usize, local_world_size: usize, gpus: usize) -> Result<usize> {
-    if gpus == 0 {
-        return Err(CommError::Backend("no GPU visible to this rank".into()));
-    }
-    if local_world_size > gpus {
-        return Err(CommError::Backend(format!(
-            "{local_world_size} ranks on this node but only {gpus} GPU{}: NCCL needs one GPU per rank \
-             (two ranks on one GPU fail with ncclInvalidUsage); start at most {gpus} per node (-n {gpus})",
-            if gpus == 1 { "" } else { "s" }
-        )));
-    }
-    Ok(local_rank % gpus)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_rank_per_gpu() {
-        assert_eq!(device_for(0, 4, 4).unwrap(), 0);
-        assert_eq!(device_for(3, 4, 4).unwrap(), 3);
-        assert_eq!(device_for(1, 2, 4).unwrap(), 1);
-        let err = device_for(2, 3, 2).unwrap_err().to_string();
-        assert!(
-            err.contains("3 ranks on this node but only 2 GPUs"),
-            "{err}"
-        );
-        assert!(err.contains("-n 2"), "{err}");
-        assert!(device_for(0, 1, 0).is_err());
-    }
-}
