@@ -332,6 +332,7 @@ fn spawn_job(
         master_port: spawn::free_port()?,
         prefix_output: false,
         grace: Duration::from_secs(3),
+        run_id: Some(comm_core::topology::fresh_run_id()),
     };
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {

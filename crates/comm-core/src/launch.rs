@@ -135,6 +135,7 @@ fn spawn_ranks(args: &LaunchArgs) -> i32 {
             master_port: spawn::free_port()?,
             prefix_output: false,
             grace: Duration::from_secs(3),
+            run_id: Some(crate::topology::fresh_run_id()),
         })
     })();
     let plan = match plan {

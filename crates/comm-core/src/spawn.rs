@@ -45,6 +45,8 @@ pub struct SpawnPlan {
     pub prefix_output: bool,
     /// Time between SIGTERM and SIGKILL when stopping ranks.
     pub grace: Duration,
+    /// The run the ranks belong to, passed as TORCHELASTIC_RUN_ID (None: ranks started by hand).
+    pub run_id: Option<String>,
 }
 
 /// How a rank ended, for the summary.
@@ -170,6 +172,7 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
             master_addr: plan.master_addr.clone(),
             master_port: plan.master_port,
             launcher: Launcher::Torchrun,
+            run_id: plan.run_id.clone(),
         };
         let rank = topology.rank;
         let mut command = Command::new(&plan.program);

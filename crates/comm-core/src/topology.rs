@@ -6,6 +6,9 @@ use crate::error::{CommError, Result};
 /// Port used when neither MASTER_PORT nor a Slurm job id says otherwise (torchrun's default).
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
+/// torchrun's variable for the run a worker belongs to (its `--rdzv-id`).
+pub const RUN_ID_VAR: &str = "TORCHELASTIC_RUN_ID";
+
 /// Who started this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Launcher {
@@ -34,6 +37,10 @@ pub struct Topology {
     pub master_port: u16,
     /// Whose variables this was read from.
     pub launcher: Launcher,
+    /// Which run this rank belongs to, so a rank of another job that finds the same port is
+    /// refused: torchrun's `TORCHELASTIC_RUN_ID` (its `--rdzv-id`; commrun and self-spawn set it
+    /// too), or Slurm's job and step under srun. None for ranks started by hand.
+    pub run_id: Option<String>,
 }
 
 impl Topology {
@@ -82,12 +89,13 @@ impl Topology {
             master_addr: master_addr.to_string(),
             master_port,
             launcher: Launcher::Torchrun,
+            run_id: None,
         })
     }
 
     /// The environment a launcher gives one local worker: the variables torchrun sets.
     pub fn worker_env(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut env = vec![
             ("RANK", self.rank.to_string()),
             ("WORLD_SIZE", self.world_size.to_string()),
             ("LOCAL_RANK", self.local_rank.to_string()),
@@ -95,7 +103,11 @@ impl Topology {
             ("GROUP_RANK", self.node_rank.to_string()),
             ("MASTER_ADDR", self.master_addr.clone()),
             ("MASTER_PORT", self.master_port.to_string()),
-        ]
+        ];
+        if let Some(run_id) = &self.run_id {
+            env.push((RUN_ID_VAR, run_id.clone()));
+        }
+        env
     }
 }
 
@@ -192,6 +204,7 @@ fn torchrun(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
         master_addr: master_addr.trim().to_string(),
         master_port,
         launcher: Launcher::Torchrun,
+        run_id: var(RUN_ID_VAR).filter(|id| !id.trim().is_empty()),
     })
 }
 
@@ -264,7 +277,29 @@ fn slurm(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
         master_addr,
         master_port,
         launcher: Launcher::Slurm,
+        run_id: slurm_run_id(var),
     })
+}
+
+/// Slurm's job and step (`slurm-1234.0`): every task of one srun shares it, another srun of the
+/// same job (another step) does not.
+fn slurm_run_id(var: &impl Fn(&str) -> Option<String>) -> Option<String> {
+    let job = var("SLURM_JOB_ID").filter(|j| !j.trim().is_empty())?;
+    let step = var("SLURM_STEP_ID").unwrap_or_default();
+    Some(format!("slurm-{}.{}", job.trim(), step.trim()))
+}
+
+/// A fresh run id for a job that starts its own ranks: its launcher's pid, the time and a little
+/// hash, enough that two jobs started by hand on one node never share one.
+pub fn fresh_run_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(nanos);
+    hasher.write_u32(std::process::id());
+    format!("job-{}-{:08x}", std::process::id(), hasher.finish() as u32)
 }
 
 /// Reads Slurm's compressed task counts (`2(x3),1`) and returns the count on node `node`.
@@ -462,6 +497,35 @@ mod tests {
         v.pop();
         v.push(("TORCHELASTIC_USE_AGENT_STORE", "False"));
         assert_eq!(topo(&v).unwrap().unwrap().master_port, 29500);
+    }
+
+    #[test]
+    fn the_run_a_rank_belongs_to() {
+        let base = [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1234"),
+        ];
+        assert_eq!(topo(&base).unwrap().unwrap().run_id, None, "by hand: none");
+        let mut given = base.to_vec();
+        given.push(("TORCHELASTIC_RUN_ID", "course-42"));
+        let t = topo(&given).unwrap().unwrap();
+        assert_eq!(t.run_id.as_deref(), Some("course-42"));
+        assert!(t
+            .worker_env()
+            .contains(&("TORCHELASTIC_RUN_ID", "course-42".to_string())));
+        let srun = [
+            ("SLURM_PROCID", "0"),
+            ("SLURM_STEP_ID", "3"),
+            ("SLURM_NTASKS", "1"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_JOB_NODELIST", "n1"),
+            ("SLURM_JOB_ID", "777"),
+        ];
+        let t = topo(&srun).unwrap().unwrap();
+        assert_eq!(t.run_id.as_deref(), Some("slurm-777.3"));
+        assert_ne!(fresh_run_id(), fresh_run_id());
     }
 
     #[test]

@@ -102,6 +102,7 @@ fn as_parent(test: &str) -> ! {
         master_port: spawn::free_port().unwrap(),
         prefix_output: true,
         grace: Duration::from_secs(3),
+        run_id: None,
     };
     let outcome = spawn::run(&plan).unwrap();
     let Outcome::Failed(failure) = outcome else {

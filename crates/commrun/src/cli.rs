@@ -66,7 +66,9 @@ pub struct Cli {
     #[arg(long, alias = "rdzv_backend", value_name = "NAME")]
     pub rdzv_backend: Option<String>,
 
-    /// Accepted for torchrun compatibility and ignored (a job id).
+    /// The run's id, as torchrun's: passed to the workers as TORCHELASTIC_RUN_ID and carried in
+    /// every rendezvous hello, so a rank of another run on the same port is refused. Give every
+    /// node the same one [default: Slurm's job and step under srun, a fresh one on one node].
     #[arg(long, alias = "rdzv_id", value_name = "ID")]
     pub rdzv_id: Option<String>,
 

@@ -171,6 +171,15 @@ pub fn resolve(cli: &Cli, machine: &Machine) -> Result<Resolved, String> {
     };
     let program = find_program(&cli.command[0])?;
     let args: Vec<OsString> = cli.command[1..].to_vec();
+    // The run the workers belong to (TORCHELASTIC_RUN_ID), as torchrun passes --rdzv-id: given,
+    // or Slurm's job and step, or a fresh one where this commrun is the whole job. Several nodes
+    // started by hand without --rdzv-id share none (each would make up its own).
+    let run_id = match (&cli.rdzv_id, slurm) {
+        (Some(id), _) if !id.trim().is_empty() => Some(id.trim().to_string()),
+        (_, Some(task)) => task.run_id.clone(),
+        _ if nnodes == 1 => Some(comm_core::topology::fresh_run_id()),
+        _ => None,
+    };
     Ok(Resolved {
         plan: SpawnPlan {
             program,
@@ -182,6 +191,7 @@ pub fn resolve(cli: &Cli, machine: &Machine) -> Result<Resolved, String> {
             master_port,
             prefix_output: !cli.no_prefix,
             grace,
+            run_id,
         },
         from_slurm: slurm.is_some(),
     })
@@ -358,6 +368,7 @@ mod tests {
             master_addr: "lrdn0101".into(),
             master_port: 21234,
             launcher: Launcher::Slurm,
+            run_id: Some("slurm-7.0".into()),
         }
     }
 

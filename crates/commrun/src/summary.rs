@@ -142,6 +142,7 @@ mod tests {
             master_port: 29500,
             prefix_output: true,
             grace: Duration::from_secs(5),
+            run_id: None,
         }
     }
 
