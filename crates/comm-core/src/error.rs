@@ -123,6 +123,82 @@ pub enum CommError {
         source: std::io::Error,
     },
 
+    /// The store at `endpoint` serves another run than rank `rank`'s: two jobs share a
+    /// MASTER_PORT, and this rank found the other job's store. Refused at its hello.
+    #[error(
+        "rank {rank} of run {run_id} belongs to another job than the store at {endpoint} \
+         (run {store_run_id}): two jobs are using the same MASTER_PORT; give one another port \
+         (--master-port or MASTER_PORT)"
+    )]
+    ForeignRank {
+        /// The refused rank.
+        rank: usize,
+        /// Its run id (TORCHELASTIC_RUN_ID, Slurm's job.step, or commrun's).
+        run_id: String,
+        /// The store's `host:port`.
+        endpoint: String,
+        /// The run id the store serves.
+        store_run_id: String,
+    },
+
+    /// A connection of rank `rank` was already open at the store when another one said hello
+    /// with the same rank: two processes were given one RANK, or a job without run ids shares
+    /// this MASTER_PORT.
+    #[error(
+        "rank {rank} already joined this job from {first_from} (store at {endpoint}): two \
+         processes have RANK={rank}; check RANK/--node-rank, or, if another job uses the same \
+         MASTER_PORT, give one another port"
+    )]
+    DuplicateRank {
+        /// The refused rank.
+        rank: usize,
+        /// The store's `host:port`.
+        endpoint: String,
+        /// The address the first connection of this rank came from.
+        first_from: String,
+    },
+
+    /// The ranks disagree on the world size: rank 0 serves the store for `store_world_size`
+    /// ranks, rank `other_rank` says `other_world_size`. Every rank of the job gets this at once
+    /// (its hello, or its next wait at the store), not after the timeout.
+    #[error(
+        "rank {rank}: the ranks disagree on the world size: the store at {endpoint} (rank 0) \
+         was started for {store_world_size} ranks, but rank {other_rank} says \
+         {other_world_size}; give every rank the same WORLD_SIZE (--nnodes × --nproc-per-node)"
+    )]
+    WorldSizeMismatch {
+        /// The rank reporting it.
+        rank: usize,
+        /// The store's `host:port`.
+        endpoint: String,
+        /// Rank 0's world size.
+        store_world_size: usize,
+        /// The rank whose hello disagreed.
+        other_rank: usize,
+        /// The world size it said.
+        other_world_size: usize,
+    },
+
+    /// The store refused rank `rank`'s request for `key` because `what` would exceed one of its
+    /// bounds (`max`): connections, keys, value size or stored bytes.
+    #[error(
+        "the rendezvous store at {endpoint} refused '{key}' from rank {rank}: {what} would \
+         exceed its bound of {max} (the store holds rendezvous data: ids, addresses; is \
+         something storing bulk data, or is a stranger's job using this MASTER_PORT?)"
+    )]
+    StoreLimit {
+        /// The rank refused.
+        rank: usize,
+        /// The store's `host:port`.
+        endpoint: String,
+        /// The key (or request) refused.
+        key: String,
+        /// What was bounded: "open connections", "keys", "value bytes", "stored bytes"…
+        what: String,
+        /// The bound.
+        max: u64,
+    },
+
     /// A peer broke the protocol or disagreed on sizes.
     #[error("{0}")]
     Peer(String),
@@ -155,6 +231,8 @@ impl CommError {
     /// The rank this error says failed first, so a launcher can follow the blame to the root
     /// cause: the peer that closed its connection, is gone, could not be reached, or the one
     /// rank a timeout waited for; rank 0 when the store it serves was lost or never answered.
+    /// A refusal by the store (another run, a duplicate rank, disagreeing world sizes, a bound)
+    /// blames no rank: the launch is at fault, not a failed process.
     pub fn blamed_rank(&self) -> Option<usize> {
         match self {
             CommError::PeerClosed { peer, .. }
@@ -196,6 +274,10 @@ impl CommError {
             CommError::PeerUnreachable { .. } => "peer_unreachable",
             CommError::StoreUnreachable { .. } => "store_unreachable",
             CommError::StoreLost { .. } => "store_lost",
+            CommError::ForeignRank { .. } => "foreign_rank",
+            CommError::DuplicateRank { .. } => "duplicate_rank",
+            CommError::WorldSizeMismatch { .. } => "world_size_mismatch",
+            CommError::StoreLimit { .. } => "store_limit",
             CommError::Peer(_) => "peer",
             CommError::Backend(_) => "backend",
         }

@@ -47,14 +47,20 @@ impl Job {
         }
         let _range = crate::profile::range(|| "rendezvous".into());
         let server = match rank {
-            0 => Some(StoreServer::bind(topology.master_port, world_size)?),
+            0 => Some(StoreServer::bind_job(
+                &topology.master_addr,
+                topology.master_port,
+                world_size,
+                topology.run_id.as_deref(),
+            )?),
             _ => None,
         };
-        let store = Store::connect(
+        let store = Store::connect_job(
             &topology.master_addr,
             topology.master_port,
             rank,
             world_size,
+            topology.run_id.as_deref(),
             timeout,
         )?;
         Ok(Job {

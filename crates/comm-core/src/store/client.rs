@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::frame::{read_frame, write_frame, Request, Response};
+use super::frame::{read_frame, write_frame, Refusal, Request, Response};
+use super::MAX_FRAME;
 use crate::error::{CommError, Result};
 
 /// A connection to the rendezvous store.
@@ -16,13 +17,15 @@ pub struct Store {
     endpoint: String,
     rank: usize,
     world_size: usize,
+    run_id: Option<String>,
     timeout: Duration,
     barriers: AtomicU64,
     local_addr: SocketAddr,
 }
 
 impl Store {
-    /// Connects to the store at `host:port`, retrying until `timeout` (rank 0 may not be up yet).
+    /// Connects to the store at `host:port` as rank `rank` of `world_size`, without a run id
+    /// (ranks started by hand, tests); see [`Store::connect_job`].
     pub fn connect(
         host: &str,
         port: u16,
@@ -30,60 +33,76 @@ impl Store {
         world_size: usize,
         timeout: Duration,
     ) -> Result<Store> {
+        Self::connect_job(host, port, rank, world_size, None, timeout)
+    }
+
+    /// Connects to the store at `host:port` and says hello as rank `rank` of a job of
+    /// `world_size` ranks and run `run_id`, retrying until `timeout`: rank 0 may not be up yet,
+    /// the store may be full of a stranger's silent connections, or this process (or the
+    /// server) may be out of file descriptors for a moment.
+    ///
+    /// The store refuses at once, and this returns, a rank of another run
+    /// ([`CommError::ForeignRank`], compared only when both have a run id), a rank whose earlier
+    /// connection is still open ([`CommError::DuplicateRank`]) and a world size other than rank
+    /// 0's ([`CommError::WorldSizeMismatch`]).
+    pub fn connect_job(
+        host: &str,
+        port: u16,
+        rank: usize,
+        world_size: usize,
+        run_id: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Store> {
         let endpoint = format!("{host}:{port}");
+        let hello = Request::Hello {
+            rank: u32::try_from(rank)
+                .map_err(|_| CommError::Usage(format!("rank {rank} is too large")))?,
+            world_size: u32::try_from(world_size)
+                .map_err(|_| CommError::Usage(format!("world size {world_size} is too large")))?,
+            run_id: run_id.map(str::to_string),
+        };
+        let who = Who {
+            rank,
+            endpoint: &endpoint,
+            run_id,
+        };
         let deadline = Instant::now() + timeout;
         let mut pause = Duration::from_millis(20);
-        let stream = loop {
-            let attempt = endpoint
-                .to_socket_addrs()
-                .and_then(|mut addrs| {
-                    addrs.next().ok_or_else(|| {
-                        std::io::Error::new(std::io::ErrorKind::NotFound, "no address")
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let last = match attempt(&endpoint, &hello, left) {
+                Ok((reader, writer, local_addr)) => {
+                    return Ok(Store {
+                        conn: Mutex::new((reader, writer)),
+                        endpoint,
+                        rank,
+                        world_size,
+                        run_id: run_id.map(str::to_string),
+                        timeout,
+                        barriers: AtomicU64::new(0),
+                        local_addr,
                     })
-                })
-                .and_then(|addr| TcpStream::connect_timeout(&addr, Duration::from_secs(5)));
-            // A socket the kernel connected to itself (no listener yet) is not the store.
-            let attempt = attempt.and_then(|s| match (s.local_addr(), s.peer_addr()) {
-                (Ok(a), Ok(b)) if a == b => Err(std::io::Error::new(
-                    std::io::ErrorKind::ConnectionRefused,
-                    "no store listening yet",
-                )),
-                _ => Ok(s),
-            });
-            match attempt {
-                Ok(stream) => break stream,
-                Err(source) if Instant::now() + pause >= deadline => {
-                    return Err(CommError::StoreUnreachable {
+                }
+                // Full of connections: a stranger's silent ones go after the hello timeout.
+                Err(Attempt::Refused(refusal @ Refusal::Limit { .. })) => Err(refusal),
+                Err(Attempt::Refused(refusal)) => return Err(who.refused(refusal, "hello")),
+                // Not listening yet, out of file descriptors here or there, a reset: again.
+                Err(Attempt::Failed(source)) => Ok(source),
+            };
+            if Instant::now() + pause >= deadline {
+                return Err(match last {
+                    Ok(source) => CommError::StoreUnreachable {
                         rank,
                         endpoint,
                         timeout,
                         source,
-                    })
-                }
-                Err(_) => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(500));
-                }
+                    },
+                    Err(refusal) => who.refused(refusal, "hello"),
+                });
             }
-        };
-        let _ = stream.set_nodelay(true);
-        let local_addr = stream
-            .local_addr()
-            .map_err(|e| CommError::io("store connection", e))?;
-        let write_half = stream
-            .try_clone()
-            .map_err(|e| CommError::io("store connection", e))?;
-        let store = Store {
-            conn: Mutex::new((BufReader::new(stream), BufWriter::new(write_half))),
-            endpoint,
-            rank,
-            world_size,
-            timeout,
-            barriers: AtomicU64::new(0),
-            local_addr,
-        };
-        store.request(Request::Hello { rank: rank as u32 }, "hello")?;
-        Ok(store)
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
     }
 
     /// The local address of this connection: an address of this host that the master can reach,
@@ -220,11 +239,21 @@ impl Store {
             key: key.to_string(),
             source,
         };
+        let frame = request.encode();
+        if frame.len() > MAX_FRAME {
+            return Err(self.who().refused(
+                Refusal::Limit {
+                    what: "frame bytes".into(),
+                    max: MAX_FRAME as u64,
+                },
+                key,
+            ));
+        }
         conn.0
             .get_ref()
             .set_read_timeout(Some(read_timeout))
             .map_err(lost)?;
-        write_frame(&mut conn.1, &request.encode()).map_err(lost)?;
+        write_frame(&mut conn.1, &frame).map_err(lost)?;
         let payload = read_frame(&mut conn.0).map_err(|e| {
             if matches!(
                 e.kind(),
@@ -247,7 +276,16 @@ impl Store {
                 detail: format!(" ({detail})"),
                 missing: missing.into_iter().map(|r| r as usize).collect(),
             }),
+            Response::Refused(refusal) => Err(self.who().refused(refusal, key)),
             response => Ok(response),
+        }
+    }
+
+    fn who(&self) -> Who<'_> {
+        Who {
+            rank: self.rank,
+            endpoint: &self.endpoint,
+            run_id: self.run_id.as_deref(),
         }
     }
 
@@ -256,5 +294,111 @@ impl Store {
             "the store at {} answered '{key}' with {response:?}",
             self.endpoint
         ))
+    }
+}
+
+type Conn = (BufReader<TcpStream>, BufWriter<TcpStream>);
+
+/// Why one connection attempt did not give a connection.
+enum Attempt {
+    /// The store answered the hello with a refusal.
+    Refused(Refusal),
+    /// No store (yet), or the connection broke: worth another try.
+    Failed(std::io::Error),
+}
+
+/// One try: connect within what is `left` of the deadline (5 s at most), say hello, read the
+/// answer.
+fn attempt(
+    endpoint: &str,
+    hello: &Request,
+    left: Duration,
+) -> std::result::Result<(BufReader<TcpStream>, BufWriter<TcpStream>, SocketAddr), Attempt> {
+    let left = left.clamp(Duration::from_millis(50), Duration::from_secs(5));
+    let addr = endpoint
+        .to_socket_addrs()
+        .and_then(|mut addrs| {
+            addrs
+                .next()
+                .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))
+        })
+        .map_err(Attempt::Failed)?;
+    // EMFILE/ENFILE here (no descriptor for the socket) is as passing as a refused connection.
+    let stream = TcpStream::connect_timeout(&addr, left).map_err(Attempt::Failed)?;
+    // A socket the kernel connected to itself (no listener yet) is not the store.
+    if let (Ok(a), Ok(b)) = (stream.local_addr(), stream.peer_addr()) {
+        if a == b {
+            return Err(Attempt::Failed(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "no store listening yet",
+            )));
+        }
+    }
+    let _ = stream.set_nodelay(true);
+    let local_addr = stream.local_addr().map_err(Attempt::Failed)?;
+    let write_half = stream.try_clone().map_err(Attempt::Failed)?;
+    let (mut reader, mut writer): Conn = (BufReader::new(stream), BufWriter::new(write_half));
+    reader
+        .get_ref()
+        .set_read_timeout(Some(left))
+        .map_err(Attempt::Failed)?;
+    write_frame(&mut writer, &hello.encode()).map_err(Attempt::Failed)?;
+    let payload = read_frame(&mut reader).map_err(Attempt::Failed)?;
+    match Response::decode(&payload).map_err(Attempt::Failed)? {
+        Response::Ok => Ok((reader, writer, local_addr)),
+        Response::Refused(refusal) => Err(Attempt::Refused(refusal)),
+        other => Err(Attempt::Failed(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("the store answered the hello with {other:?}"),
+        ))),
+    }
+}
+
+/// Who is asking, for the errors a refusal becomes.
+struct Who<'a> {
+    rank: usize,
+    endpoint: &'a str,
+    run_id: Option<&'a str>,
+}
+
+impl Who<'_> {
+    /// The error a refusal of the request for `key` becomes.
+    fn refused(&self, refusal: Refusal, key: &str) -> CommError {
+        let endpoint = self.endpoint.to_string();
+        match refusal {
+            Refusal::ForeignRun { store_run_id } => CommError::ForeignRank {
+                rank: self.rank,
+                run_id: self.run_id.unwrap_or("(none)").to_string(),
+                endpoint,
+                store_run_id,
+            },
+            Refusal::DuplicateRank { first_from } => CommError::DuplicateRank {
+                rank: self.rank,
+                endpoint,
+                first_from,
+            },
+            Refusal::WorldSizeMismatch {
+                store_world_size,
+                rank,
+                rank_world_size,
+            } => CommError::WorldSizeMismatch {
+                rank: self.rank,
+                endpoint,
+                store_world_size: store_world_size as usize,
+                other_rank: rank as usize,
+                other_world_size: rank_world_size as usize,
+            },
+            Refusal::Limit { what, max } => CommError::StoreLimit {
+                rank: self.rank,
+                endpoint,
+                key: key.to_string(),
+                what,
+                max,
+            },
+            Refusal::Other(why) => CommError::Peer(format!(
+                "the rendezvous store at {endpoint} refused '{key}' from rank {}: {why}",
+                self.rank
+            )),
+        }
     }
 }

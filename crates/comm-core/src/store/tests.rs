@@ -6,7 +6,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::frame::{Request, Response};
+use super::frame::{Refusal, Request, Response};
 use super::{Store, StoreServer, MAX_FRAME};
 use crate::error::CommError;
 
@@ -129,19 +129,26 @@ fn many_clients_at_once() {
     }
 }
 
-/// Sends raw bytes on a fresh connection and reports whether the server closed it.
+/// Sends raw bytes on a fresh connection and reports whether the server closed it (after at most
+/// a refusal) within 5 s.
 fn server_closes_after(server: &StoreServer, bytes: &[u8]) -> bool {
     let mut raw = TcpStream::connect(("127.0.0.1", server.port())).unwrap();
     raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     raw.write_all(bytes).unwrap();
-    let mut buf = [0u8; 64];
-    matches!(raw.read(&mut buf), Ok(0) | Err(_))
+    let mut answer = Vec::new();
+    match raw.read_to_end(&mut answer) {
+        Ok(_) => answer.len() < 256,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
 }
 
 #[test]
 fn garbage_and_oversized_frames_close_only_that_connection() {
-    let server = StoreServer::bind(0, 1).unwrap();
-    let good = client(&server, 0, 1, 5000);
+    let server = StoreServer::bind(0, 2).unwrap();
+    let good = client(&server, 0, 2, 5000);
     good.set("before", b"1").unwrap();
 
     // A length far over the limit: refused before any allocation.
@@ -174,7 +181,7 @@ fn garbage_and_oversized_frames_close_only_that_connection() {
 
     // The server and the well-behaved client carry on.
     assert_eq!(good.get("before").unwrap(), b"1");
-    let late = client(&server, 0, 1, 5000);
+    let late = client(&server, 1, 2, 5000);
     late.set("after", b"2").unwrap();
     assert_eq!(good.get("after").unwrap(), b"2");
 }
@@ -182,7 +189,16 @@ fn garbage_and_oversized_frames_close_only_that_connection() {
 #[test]
 fn frames_round_trip() {
     let requests = [
-        Request::Hello { rank: 7 },
+        Request::Hello {
+            rank: 7,
+            world_size: 8,
+            run_id: None,
+        },
+        Request::Hello {
+            rank: 7,
+            world_size: 8,
+            run_id: Some("job-1".into()),
+        },
         Request::Set {
             key: "a".into(),
             value: vec![0, 1, 2],
@@ -214,6 +230,22 @@ fn frames_round_trip() {
             detail: "who".into(),
             missing: vec![1, 3],
         },
+        Response::Refused(Refusal::ForeignRun {
+            store_run_id: "a".into(),
+        }),
+        Response::Refused(Refusal::DuplicateRank {
+            first_from: "127.0.0.1:5".into(),
+        }),
+        Response::Refused(Refusal::WorldSizeMismatch {
+            store_world_size: 2,
+            rank: 1,
+            rank_world_size: 4,
+        }),
+        Response::Refused(Refusal::Limit {
+            what: "keys".into(),
+            max: 9,
+        }),
+        Response::Refused(Refusal::Other("no".into())),
     ];
     for r in responses {
         assert_eq!(Response::decode(&r.encode()).unwrap(), r);
@@ -227,7 +259,10 @@ fn a_port_in_use_is_named_with_the_fix() {
         .err()
         .unwrap()
         .to_string();
-    assert!(err.contains(&format!("0.0.0.0:{}", first.port())), "{err}");
+    assert!(
+        err.contains(&format!("127.0.0.1:{}", first.port())),
+        "{err}"
+    );
     assert!(err.contains("--master-port or MASTER_PORT"), "{err}");
 }
 
