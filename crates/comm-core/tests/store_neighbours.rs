@@ -342,3 +342,84 @@ fn a_loopback_job_listens_on_loopback_only() {
     let server = StoreServer::bind_job("0.0.0.0", 0, 1, None).unwrap();
     assert!(server.local_addr().ip().is_unspecified());
 }
+
+/// CPU time (user + system) this process has used.
+fn cpu_time() -> Duration {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) }, 0);
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+const EMFILE_ROLE: &str = "STORE_NEIGHBOURS_EMFILE";
+
+/// Out of file descriptors: the server's accept loop backs off instead of spinning, and a rank
+/// keeps trying within its timeout instead of failing at the first EMFILE; once descriptors are
+/// free again it joins. Runs in a child process (this test binary again), whose descriptor limit
+/// it lowers, so the other tests keep theirs.
+#[test]
+fn out_of_file_descriptors_the_store_backs_off_and_the_rank_retries() {
+    if std::env::var_os(EMFILE_ROLE).is_some() {
+        return starve_and_recover();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "out_of_file_descriptors_the_store_backs_off_and_the_rank_retries",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(EMFILE_ROLE, "1")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("starved:"), "{text}");
+    eprintln!("{text}");
+}
+
+fn starve_and_recover() {
+    let server = StoreServer::bind(0, 1).unwrap();
+    let port = server.port();
+    // Lower the limit to a little above what is open, then fill all of it but one descriptor.
+    let open = std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let limit = libc::rlimit {
+        rlim_cur: (open + 16) as libc::rlim_t,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    let mut old: libc::rlimit = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut old) };
+    let limit = libc::rlimit {
+        rlim_max: old.rlim_max,
+        ..limit
+    };
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    let mut fillers = Vec::new();
+    while let Ok(f) = std::fs::File::open("/dev/null") {
+        fillers.push(f);
+    }
+    // A stranger's connection takes the last descriptor and waits in the listen queue: every
+    // accept of the server now fails with EMFILE, and so does the rank's socket().
+    fillers.pop();
+    let _stranger = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    std::thread::scope(|s| {
+        let rank = s.spawn(|| {
+            let started = Instant::now();
+            let store = Store::connect("127.0.0.1", port, 0, 1, Duration::from_secs(8));
+            (store.map(|_| ()), started.elapsed())
+        });
+        // A second of starvation.
+        let cpu = cpu_time();
+        std::thread::sleep(Duration::from_secs(1));
+        let spent = cpu_time() - cpu;
+        fillers.clear();
+        let (joined, took) = rank.join().unwrap();
+        println!("starved: {spent:?} of CPU in 1 s; the rank joined after {took:?}: {joined:?}");
+        assert!(
+            spent < Duration::from_millis(300),
+            "spinning: {spent:?} of CPU in 1 s"
+        );
+        joined.unwrap();
+    });
+}
