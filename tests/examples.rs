@@ -189,7 +189,7 @@ fn a_port_in_use_is_reported_by_rank_zero() {
     let e = fails("00-hello-world", &["--timeout", "5"], &env);
     assert!(
         e.contains(&format!(
-            "error: rank 0: rank 0 cannot serve the rendezvous store on 0.0.0.0:{port}"
+            "error: rank 0: rank 0 cannot serve the rendezvous store on 127.0.0.1:{port}"
         )),
         "{e}"
     );
