@@ -602,34 +602,23 @@ fn accept_peers(
             return Err(None);
         }
         let mut busy = false;
-        loop {
-            match listener.accept() {
-                Ok((stream, from)) => {
-                    busy = true;
-                    if stream.set_nonblocking(true).is_err() {
-                        continue;
-                    }
-                    if pending.len() >= MAX_PENDING {
-                        pending.remove(0);
-                    }
-                    pending.push(Pending {
-                        stream,
-                        from,
-                        since: Instant::now(),
-                        buf: Vec::new(),
-                    });
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                // The connection went away before it was accepted, or the process is out of
-                // descriptors for a moment: the real peers retry or are in the backlog.
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
-                    ) => {}
-                Err(e) => return Err(Some(CommError::io("accepting a peer", e))),
+        // Until nobody else waits; an error (the connection went away before it was accepted,
+        // or the process is out of descriptors while strangers hold them until their grace
+        // ends) leaves real peers in the backlog, and the deadline bounds the wait.
+        while let Ok((stream, from)) = listener.accept() {
+            busy = true;
+            if stream.set_nonblocking(true).is_err() {
+                continue;
             }
+            if pending.len() >= MAX_PENDING {
+                pending.remove(0);
+            }
+            pending.push(Pending {
+                stream,
+                from,
+                since: Instant::now(),
+                buf: Vec::new(),
+            });
         }
         let mut i = 0;
         while i < pending.len() {
