@@ -199,6 +199,29 @@ pub enum CommError {
         max: u64,
     },
 
+    /// Rank `rank` refused a connection to its peer port from `from`: it came from another run
+    /// (`their_run` differs from `our_run`), from a job of another size, or claimed a rank that
+    /// is already connected or cannot connect to this one. Another job is most likely using the
+    /// same rendezvous port. Run ids are compared only when both sides have one (ranks started
+    /// by hand have none).
+    #[error("{}", foreign_peer_message(*.rank, .from, *.claimed, .their_run.as_deref(), .our_run.as_deref(), *.their_world, *.our_world))]
+    ForeignPeer {
+        /// The rank that refused the connection.
+        rank: usize,
+        /// The `host:port` the connection came from.
+        from: String,
+        /// The rank the connection said it was.
+        claimed: usize,
+        /// The run id it gave, if any.
+        their_run: Option<String>,
+        /// This rank's run id, if any.
+        our_run: Option<String>,
+        /// The world size it gave.
+        their_world: usize,
+        /// This job's world size.
+        our_world: usize,
+    },
+
     /// A peer broke the protocol or disagreed on sizes.
     #[error("{0}")]
     Peer(String),
@@ -206,6 +229,42 @@ pub enum CommError {
     /// The requested backend cannot run here.
     #[error("{0}")]
     Backend(String),
+}
+
+/// The sentence of [`CommError::ForeignPeer`]: which fact differs, and what to do.
+fn foreign_peer_message(
+    rank: usize,
+    from: &str,
+    claimed: usize,
+    their_run: Option<&str>,
+    our_run: Option<&str>,
+    their_world: usize,
+    our_world: usize,
+) -> String {
+    const FIX: &str = "give each job its own MASTER_PORT (or let commrun, torchrun or srun \
+                       choose one)";
+    let what = match (their_run, our_run) {
+        (Some(theirs), Some(ours)) if theirs != ours => format!(
+            "rank {claimed} of run '{theirs}', but this is run '{ours}': \
+             two jobs are meeting on the same port"
+        ),
+        _ if their_world != our_world => format!(
+            "rank {claimed} of a job of {their_world} ranks, but this job has {our_world}: \
+             two jobs are meeting on the same port, or the ranks disagree on WORLD_SIZE"
+        ),
+        _ if claimed >= our_world => {
+            format!("rank {claimed}, which is outside this job of {our_world} ranks")
+        }
+        _ if claimed <= rank => format!(
+            "rank {claimed}, which this rank connects to itself: \
+             two ranks were given the same RANK, or two jobs are meeting on the same port"
+        ),
+        _ => format!(
+            "rank {claimed}, which is already connected: two jobs are meeting on the same port, \
+             or two ranks were given RANK={claimed}"
+        ),
+    };
+    format!("rank {rank} refused a peer connection from {from} claiming to be {what}; {FIX}")
 }
 
 /// The rank that serves the rendezvous store (see [`crate::store::StoreServer`]).
@@ -278,6 +337,7 @@ impl CommError {
             CommError::DuplicateRank { .. } => "duplicate_rank",
             CommError::WorldSizeMismatch { .. } => "world_size_mismatch",
             CommError::StoreLimit { .. } => "store_limit",
+            CommError::ForeignPeer { .. } => "foreign_peer",
             CommError::Peer(_) => "peer",
             CommError::Backend(_) => "backend",
         }

@@ -122,7 +122,9 @@ impl Job {
         let comm = match selection.kind {
             BackendKind::Cpu => {
                 let prefix = format!("{name}/cpu");
-                let transport = TcpTransport::connect(&self.store, &prefix, rank, world_size)?;
+                let run_id = topology.run_id.as_deref();
+                let transport =
+                    TcpTransport::connect(&self.store, &prefix, rank, world_size, run_id)?;
                 Communicator::cpu(Box::new(transport), topology.local_rank)
             }
             BackendKind::Nccl => {

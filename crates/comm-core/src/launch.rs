@@ -32,15 +32,20 @@ pub struct LaunchArgs {
     pub timeout: f64,
 }
 
+/// The longest `--timeout` honoured (about 31 years): longer ones wait this long, which is
+/// forever in practice, so that every deadline computed from it stays representable.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(1_000_000_000);
+
 impl LaunchArgs {
-    /// `--timeout` as a duration; zero, negative and unrepresentable values are usage errors.
+    /// `--timeout` as a duration, at most [`MAX_TIMEOUT`]; zero, negative, infinite and NaN
+    /// values are usage errors.
     pub fn timeout(&self) -> Result<Duration> {
-        Duration::try_from_secs_f64(self.timeout)
+        Duration::try_from_secs_f64(self.timeout.min(MAX_TIMEOUT.as_secs_f64()))
             .ok()
-            .filter(|d| !d.is_zero())
+            .filter(|d| !d.is_zero() && self.timeout.is_finite())
             .ok_or_else(|| {
                 CommError::Usage(format!(
-                    "--timeout {}: give a positive number of seconds",
+                    "--timeout {}: give a positive, finite number of seconds",
                     self.timeout
                 ))
             })

@@ -39,7 +39,7 @@ fn on_ranks<R: Send>(n: usize, wire: Wire, body: impl Fn(&Communicator) -> R + S
                         s.spawn(move || {
                             let store =
                                 Store::connect("127.0.0.1", port, rank, n, TIMEOUT).unwrap();
-                            Box::new(TcpTransport::connect(&store, "test", rank, n).unwrap())
+                            Box::new(TcpTransport::connect(&store, "test", rank, n, None).unwrap())
                                 as Box<dyn Transport>
                         })
                     })
@@ -292,7 +292,7 @@ fn a_peer_that_disappears_is_reported() {
                 s.spawn(move || {
                     let store =
                         Arc::new(Store::connect("127.0.0.1", port, rank, 2, TIMEOUT).unwrap());
-                    let t = TcpTransport::connect(&store, "gone", rank, 2).unwrap();
+                    let t = TcpTransport::connect(&store, "gone", rank, 2, None).unwrap();
                     let comm = Communicator::cpu(Box::new(t), rank);
                     if rank == 1 {
                         return None; // drops its sockets: as if the process died

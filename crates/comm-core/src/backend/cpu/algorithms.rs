@@ -11,12 +11,15 @@
 //! - reduce: a binomial tree for small messages; ring reduce-scatter then a gather for large.
 //! - all_to_all: a pairwise exchange: in step s every rank sends to rank+s while it receives
 //!   from rank-s, so each link carries one block at a time and no rank waits on a busy peer.
+//!
+//! Each public function is one call with one deadline ([`CallScope`]): all its steps together
+//! must finish within the transport's timeout.
 
 use std::ops::Range;
 
 use bytemuck::{cast_slice, cast_slice_mut};
 
-use super::transport::Transport;
+use super::transport::{CallScope, Transport};
 use crate::dtype::{finish, reduce_into, Element, ReduceOp};
 use crate::error::{CommError, Result};
 
@@ -59,6 +62,7 @@ fn absolute(vrank: usize, root: usize, n: usize) -> usize {
 /// Copies the root's `buf` to every rank: a binomial tree for small messages, a pipelined
 /// chain for large ones.
 pub fn broadcast<T: Element>(t: &dyn Transport, buf: &mut [T], root: usize) -> Result<()> {
+    let _call = CallScope::new(t);
     let bytes: &mut [u8] = cast_slice_mut(buf);
     match t.world_size() {
         1 => Ok(()),
@@ -130,6 +134,7 @@ fn chain_broadcast(t: &dyn Transport, bytes: &mut [u8], root: usize) -> Result<(
 /// Every rank ends with the reduction of all ranks' `buf`: the direct exchange while little
 /// data moves, else ring reduce-scatter then ring all-gather.
 pub fn all_reduce<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp) -> Result<()> {
+    let _call = CallScope::new(t);
     let n = t.world_size();
     if n == 1 {
         finish(op, buf, 1);
@@ -171,6 +176,7 @@ pub fn ring_reduce_scatter<T: Element>(
     op: ReduceOp,
     blocks: &[Range<usize>],
 ) -> Result<()> {
+    let _call = CallScope::new(t);
     let (n, rank) = (t.world_size(), t.rank());
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
     let segment = (SEGMENT_BYTES / std::mem::size_of::<T>()).max(1);
@@ -216,6 +222,7 @@ pub fn ring_all_gather<T: Element>(
     buf: &mut [T],
     blocks: &[Range<usize>],
 ) -> Result<()> {
+    let _call = CallScope::new(t);
     let (n, rank) = (t.world_size(), t.rank());
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
     for step in 0..n - 1 {
@@ -230,6 +237,7 @@ pub fn ring_all_gather<T: Element>(
 
 /// `buf` holds n equal blocks; afterwards block `rank` holds their reduction over all ranks.
 pub fn reduce_scatter<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp) -> Result<()> {
+    let _call = CallScope::new(t);
     let n = t.world_size();
     let count = buf.len() / n;
     let blocks: Vec<_> = (0..n).map(|i| i * count..(i + 1) * count).collect();
@@ -242,6 +250,7 @@ pub fn reduce_scatter<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp
 
 /// `buf` holds n equal blocks, this rank's at block `rank`; afterwards every block is filled.
 pub fn all_gather<T: Element>(t: &dyn Transport, buf: &mut [T]) -> Result<()> {
+    let _call = CallScope::new(t);
     let n = t.world_size();
     let count = buf.len() / n;
     let blocks: Vec<_> = (0..n).map(|i| i * count..(i + 1) * count).collect();
@@ -258,6 +267,7 @@ pub fn reduce<T: Element>(
     op: ReduceOp,
     root: usize,
 ) -> Result<()> {
+    let _call = CallScope::new(t);
     let (n, rank) = (t.world_size(), t.rank());
     if n == 1 {
         finish(op, buf, 1);
@@ -318,6 +328,7 @@ fn tree_reduce<T: Element>(
 /// `send` and `recv` hold n equal blocks: block `j` of `send` goes to rank `j`, and block `i` of
 /// `recv` comes from rank `i`.
 pub fn all_to_all<T: Element>(t: &dyn Transport, send: &[T], recv: &mut [T]) -> Result<()> {
+    let _call = CallScope::new(t);
     let (n, rank) = (t.world_size(), t.rank());
     let count = send.len() / n;
     let block = |i: usize| i * count..(i + 1) * count;
@@ -337,6 +348,7 @@ pub fn all_to_all<T: Element>(t: &dyn Transport, send: &[T], recv: &mut [T]) -> 
 
 /// Dissemination barrier: in round k each rank signals rank+2^k and hears from rank-2^k.
 pub fn barrier(t: &dyn Transport) -> Result<()> {
+    let _call = CallScope::new(t);
     let (n, rank) = (t.world_size(), t.rank());
     let mut distance = 1;
     while distance < n {

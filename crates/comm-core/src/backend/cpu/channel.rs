@@ -1,11 +1,12 @@
 //! Threads as ranks: an in-process transport over crossbeam channels, one per ordered pair of
 //! ranks. The test suite uses it to cover many world sizes quickly.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 
-use super::transport::{size_mismatch, Transport};
+use super::transport::{size_mismatch, CallScope, Deadline, Transport};
 use crate::error::{CommError, Result};
 
 /// One thread's endpoint of a [`ChannelTransport::mesh`]; messages to a thread that ended
@@ -15,6 +16,8 @@ pub struct ChannelTransport {
     to: Vec<Sender<Vec<u8>>>,
     from: Vec<Receiver<Vec<u8>>>,
     timeout: Duration,
+    /// The deadline of the collective call under way, if any.
+    call: Mutex<Option<Deadline>>,
 }
 
 impl ChannelTransport {
@@ -34,6 +37,7 @@ impl ChannelTransport {
                     .map(|src| channels[src][rank].1.clone())
                     .collect(),
                 timeout,
+                call: Mutex::new(None),
             })
             .collect()
     }
@@ -58,20 +62,29 @@ impl Transport for ChannelTransport {
     }
 
     fn recv(&self, peer: usize, out: &mut [u8]) -> Result<()> {
-        let message = self.from[peer]
-            .recv_timeout(self.timeout)
-            .map_err(|e| match e {
-                RecvTimeoutError::Timeout => CommError::Timeout {
-                    what: format!("rank {peer} to send to rank {}", self.rank),
-                    timeout: self.timeout,
-                    detail: String::new(),
-                    missing: vec![peer],
-                },
-                RecvTimeoutError::Disconnected => CommError::PeerGone {
-                    rank: self.rank,
-                    peer,
-                },
-            })?;
+        let deadline = self
+            .call
+            .lock()
+            .unwrap()
+            .unwrap_or_else(|| Deadline::after(self.timeout));
+        let received = match deadline.remaining() {
+            Some(left) => self.from[peer].recv_timeout(left),
+            None => self.from[peer]
+                .recv()
+                .map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        let message = received.map_err(|e| match e {
+            RecvTimeoutError::Timeout => CommError::Timeout {
+                what: format!("rank {peer} to send to rank {}", self.rank),
+                timeout: self.timeout,
+                detail: String::new(),
+                missing: vec![peer],
+            },
+            RecvTimeoutError::Disconnected => CommError::PeerGone {
+                rank: self.rank,
+                peer,
+            },
+        })?;
         if message.len() != out.len() {
             return Err(size_mismatch(self.rank, peer, message.len(), out.len()));
         }
@@ -81,8 +94,22 @@ impl Transport for ChannelTransport {
 
     /// Sends never block here, so no thread is needed.
     fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
+        let _call = CallScope::new(self);
         self.send(to, data)?;
         self.recv(from, out)
+    }
+
+    fn begin_call(&self) -> bool {
+        let mut call = self.call.lock().unwrap();
+        if call.is_some() {
+            return false;
+        }
+        *call = Some(Deadline::after(self.timeout));
+        true
+    }
+
+    fn end_call(&self) {
+        *self.call.lock().unwrap() = None;
     }
 
     fn name(&self) -> &'static str {

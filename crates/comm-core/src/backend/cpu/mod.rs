@@ -8,7 +8,7 @@ mod transport;
 
 pub use channel::ChannelTransport;
 pub use tcp::TcpTransport;
-pub use transport::Transport;
+pub use transport::{CallScope, Transport};
 
 use crate::dtype::{Element, ReduceOp};
 use crate::error::Result;

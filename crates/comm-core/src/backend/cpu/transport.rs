@@ -2,6 +2,13 @@
 //! point-to-point messages; a transport provides them between processes (TCP) or threads
 //! (channels). A message carries its length, so ranks that disagree on sizes get an error, not a
 //! hang or garbage.
+//!
+//! Deadlines: the timeout is one deadline per collective call, not per read. Each collective
+//! algorithm opens a [`CallScope`]; every send and receive inside it (on any of the rank's
+//! threads) must finish before the deadline set when the call began, however slowly bytes
+//! trickle in. A send or receive made outside any call (point-to-point) gets its own deadline.
+
+use std::time::{Duration, Instant};
 
 use crate::error::{CommError, Result};
 
@@ -20,8 +27,10 @@ pub trait Transport: Send + Sync {
     /// Receives the next message from `peer`, which must be exactly `out.len()` bytes.
     fn recv(&self, peer: usize, out: &mut [u8]) -> Result<()>;
 
-    /// Sends to `to` while receiving from `from`: the step every ring algorithm takes.
+    /// Sends to `to` while receiving from `from`: the step every ring algorithm takes. Both
+    /// halves share one deadline.
     fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
+        let _call = CallScope::new(self);
         std::thread::scope(|s| {
             let sender = s.spawn(|| self.send(to, data));
             let received = self.recv(from, out);
@@ -32,8 +41,76 @@ pub trait Transport: Send + Sync {
         })
     }
 
+    /// Starts one collective call: every send and receive until [`Transport::end_call`] must
+    /// finish within the timeout from now. Returns false (and changes nothing) when a call is
+    /// already under way, so a collective built of others keeps the outer deadline. Transports
+    /// without deadlines need not implement it; use [`CallScope`] rather than calling it.
+    fn begin_call(&self) -> bool {
+        false
+    }
+
+    /// Ends the call [`Transport::begin_call`] started; later sends and receives each get
+    /// their own deadline again.
+    fn end_call(&self) {}
+
     /// Short name for messages and reports ("tcp", "channels").
     fn name(&self) -> &'static str;
+}
+
+/// One collective call on a transport: sets its deadline while alive (unless an outer call
+/// already did) and ends the call when dropped, errors and panics included.
+pub struct CallScope<'a, T: Transport + ?Sized> {
+    transport: &'a T,
+    owner: bool,
+}
+
+impl<'a, T: Transport + ?Sized> CallScope<'a, T> {
+    /// Begins a call on `transport` (see [`Transport::begin_call`]).
+    pub fn new(transport: &'a T) -> Self {
+        let owner = transport.begin_call();
+        CallScope { transport, owner }
+    }
+}
+
+impl<T: Transport + ?Sized> Drop for CallScope<'_, T> {
+    fn drop(&mut self) {
+        if self.owner {
+            self.transport.end_call();
+        }
+    }
+}
+
+/// A moment by which an operation must finish; `None` inside when the timeout is so long that
+/// no clock can represent its end (it then never comes).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Deadline(Option<Instant>);
+
+impl Deadline {
+    /// `timeout` from now.
+    pub(crate) fn after(timeout: Duration) -> Deadline {
+        Deadline(Instant::now().checked_add(timeout))
+    }
+
+    /// Time left, `None` when unbounded; zero once it has passed.
+    pub(crate) fn remaining(&self) -> Option<Duration> {
+        self.0
+            .map(|at| at.saturating_duration_since(Instant::now()))
+    }
+
+    /// Whether it has passed.
+    pub(crate) fn passed(&self) -> bool {
+        self.remaining().is_some_and(|left| left.is_zero())
+    }
+
+    /// How long a single blocking wait may last now: the time left, at most `most`. `None` once
+    /// the deadline has passed.
+    pub(crate) fn wait_at_most(&self, most: Duration) -> Option<Duration> {
+        match self.remaining() {
+            None => Some(most),
+            Some(left) if left.is_zero() => None,
+            Some(left) => Some(left.min(most)),
+        }
+    }
 }
 
 /// The error for a message whose size is not what this rank expected.
