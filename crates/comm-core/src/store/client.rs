@@ -66,7 +66,8 @@ impl Store {
             endpoint: &endpoint,
             run_id,
         };
-        let deadline = Instant::now() + timeout;
+        // A timeout too far to represent waits for good rather than overflowing the clock.
+        let deadline = far(timeout);
         let mut pause = Duration::from_millis(20);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -89,7 +90,7 @@ impl Store {
                 // Not listening yet, out of file descriptors here or there, a reset: again.
                 Err(Attempt::Failed(source)) => Ok(source),
             };
-            if Instant::now() + pause >= deadline {
+            if far(pause) >= deadline {
                 return Err(match last {
                     Ok(source) => CommError::StoreUnreachable {
                         rank,
@@ -130,7 +131,7 @@ impl Store {
     pub fn get(&self, key: &str) -> Result<Vec<u8>> {
         let request = Request::Get {
             key: key.into(),
-            timeout_ms: self.timeout.as_millis() as u64,
+            timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
         };
         match self.request(request, key)? {
             Response::Value(v) => Ok(v),
@@ -142,7 +143,7 @@ impl Store {
     pub fn wait(&self, keys: &[&str]) -> Result<()> {
         let request = Request::Wait {
             keys: keys.iter().map(|k| k.to_string()).collect(),
-            timeout_ms: self.timeout.as_millis() as u64,
+            timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
         };
         self.request(request, &keys.join(", ")).map(|_| ())
     }
@@ -229,7 +230,7 @@ impl Store {
         // A waiting request gets a little longer than its own timeout, so the server's answer,
         // which says who had arrived, normally wins; a silent server still cannot hang us.
         let read_timeout = if waits {
-            self.timeout + Duration::from_secs(5)
+            self.timeout.saturating_add(Duration::from_secs(5))
         } else {
             self.timeout.max(Duration::from_secs(5))
         };
@@ -401,4 +402,12 @@ impl Who<'_> {
             )),
         }
     }
+}
+
+/// `timeout` from now, or a year from now where that cannot be represented.
+fn far(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(now)
 }

@@ -296,3 +296,12 @@ fn rank_zero_waits_for_the_others_to_leave() {
     drop(other);
     assert!(server.wait_until_idle(Duration::from_secs(5)));
 }
+
+#[test]
+fn a_timeout_too_far_to_represent_waits_instead_of_panicking() {
+    let server = StoreServer::bind(0, 1).unwrap();
+    let store = Store::connect("127.0.0.1", server.port(), 0, 1, Duration::MAX).unwrap();
+    store.set("k", b"v").unwrap();
+    assert_eq!(store.get("k").unwrap(), b"v");
+    store.barrier("far").unwrap();
+}
