@@ -243,7 +243,11 @@ fn parent_main(args: &BenchArgs, plan: &Plan) -> i32 {
             Ok(Outcome::Success) => {}
             Ok(outcome) => {
                 let why = match &outcome {
-                    Outcome::Failed(f) => format!("{}; the other ranks were stopped", f.describe()),
+                    Outcome::Failed(f) => format!(
+                        "{}; the other ranks were stopped{}",
+                        f.describe(),
+                        f.others()
+                    ),
                     _ => "interrupted: the ranks were stopped".into(),
                 };
                 printer

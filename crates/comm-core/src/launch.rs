@@ -154,7 +154,7 @@ fn spawn_ranks(args: &LaunchArgs) -> i32 {
         Ok(outcome @ Outcome::Failed(_)) => {
             if let Outcome::Failed(failure) = &outcome {
                 eprintln!(
-                    "error: {}{}; the other ranks were stopped",
+                    "error: {}; the other ranks were stopped{}",
                     failure.describe(),
                     failure.others()
                 );

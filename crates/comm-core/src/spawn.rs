@@ -153,12 +153,12 @@ impl Failure {
         }
     }
 
-    /// `; N other ranks also failed`, or nothing when it failed alone.
+    /// ` (N other ranks also failed)`, or nothing when it failed alone: ends a summary line.
     pub fn others(&self) -> String {
         match self.others_failed {
             0 => String::new(),
-            1 => "; 1 other rank also failed".into(),
-            n => format!("; {n} other ranks also failed"),
+            1 => " (1 other rank also failed)".into(),
+            n => format!(" ({n} other ranks also failed)"),
         }
     }
 }

@@ -251,7 +251,7 @@ mod tests {
         };
         let text = root_cause(&many, &plan(2, 1), "lrdn0102");
         assert!(
-            text.contains("rank 3 was killed by signal 11 (SIGSEGV); 699 other ranks also failed"),
+            text.contains("rank 3 was killed by signal 11 (SIGSEGV) (699 other ranks also failed)"),
             "{text}"
         );
     }
