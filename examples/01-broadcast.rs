@@ -28,7 +28,7 @@ fn main() -> std::process::ExitCode {
 
         // The root holds the data; everyone else starts empty.
         let value = if comm.rank() == 0 { 42.0f32 } else { 0.0 };
-        let mut buf = comm.buffer(&vec![value; args.len])?;
+        let mut buf = comm.filled(value, args.len)?;
         comm.print_grid("Before broadcast:", &buf)?;
 
         // Every rank calls the same collective with the same root and size.

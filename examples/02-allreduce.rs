@@ -27,7 +27,7 @@ fn main() -> std::process::ExitCode {
     comm_core::run(&args.launch, |comm| {
         println!("Rank {} using device: {}", comm.rank(), comm.device());
 
-        let mut buf = comm.buffer(&vec![1.0f32; args.len])?;
+        let mut buf = comm.filled(1.0f32, args.len)?;
         comm.print_grid("Before reduce:", &buf)?;
 
         // In place: the sum replaces each rank's ones.

@@ -243,7 +243,11 @@ fn parent_main(args: &BenchArgs, plan: &Plan) -> i32 {
             Ok(Outcome::Success) => {}
             Ok(outcome) => {
                 let why = match &outcome {
-                    Outcome::Failed(f) => format!("{}; the other ranks were stopped", f.describe()),
+                    Outcome::Failed(f) => format!(
+                        "{}; the other ranks were stopped{}",
+                        f.describe(),
+                        f.others()
+                    ),
                     _ => "interrupted: the ranks were stopped".into(),
                 };
                 printer
@@ -265,11 +269,19 @@ fn parent_main(args: &BenchArgs, plan: &Plan) -> i32 {
     if code == 0 && !written {
         code = 1;
     }
-    finish_code(code, printer.wrong())
+    finish_code(code, printer.wrong(), printer.rows.len())
 }
 
-/// A run's exit code: a failure's, else 1 when any element was wrong.
-fn finish_code(code: i32, wrong: u64) -> i32 {
+/// A run's exit code: a failure's, else 1 when nothing was measured (every size skipped) or
+/// when any element was wrong.
+fn finish_code(code: i32, wrong: u64, measured: usize) -> i32 {
+    if code == 0 && measured == 0 {
+        eprintln!(
+            "comm-bench: error: measured nothing: every size was skipped (the # lines say why); \
+             give sizes that fit (-b/-e) or fewer ranks"
+        );
+        return 1;
+    }
     if code == 0 && wrong > 0 {
         eprintln!(
             "comm-bench: error: {wrong} wrong element{} (the #wrong columns): a collective gave a result that differs from the sequential reference",
@@ -431,7 +443,7 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
             } else {
                 1
             };
-            finish_code(code, printer.wrong())
+            finish_code(code, printer.wrong(), printer.rows.len())
         }
         // Ranks the parent started leave the verdict to it; other ranks stay quiet.
         (Ok(()), _) => 0,

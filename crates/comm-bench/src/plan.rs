@@ -131,6 +131,10 @@ impl Plan {
                     "--world-sizes: give one or more numbers of ranks, each at least 1".into(),
                 );
             }
+            // comm-bench starts every world size on this node.
+            for &n in ws {
+                comm_core::spawn::check_ranks("--world-sizes", n, 1).map_err(|e| e.to_string())?;
+            }
         }
         let iters = args.iters.unwrap_or(20);
         if iters == 0 {
@@ -279,6 +283,11 @@ mod tests {
         );
         assert!(plan(&["-d", "half8"]).is_err());
         assert!(plan(&["--world-sizes", "0"]).is_err());
+        let e = plan(&["--world-sizes", "2,100000"]).unwrap_err();
+        assert!(
+            e.contains("--world-sizes 100000: at most 1024 ranks"),
+            "{e}"
+        );
         assert!(plan(&["-n", "0"]).is_err());
     }
 

@@ -155,6 +155,7 @@ pub fn report(files: &[PathBuf], out: &Path) -> Result<Report, String> {
             names.push(r.collective.clone());
         }
     }
+    let mut stems = Vec::new();
     for name in names {
         let mine: Vec<&Row> = rows.iter().filter(|r| r.collective == name).collect();
         if mine.is_empty() {
@@ -162,7 +163,9 @@ pub fn report(files: &[PathBuf], out: &Path) -> Result<Report, String> {
         }
         let series = series(&mine);
         let _ = writeln!(md, "\n## {name}\n");
-        for (what, file) in plots(&name, &series, out, &mut report.files)? {
+        let stem = file_stem(&name, &stems);
+        stems.push(stem.clone());
+        for (what, file) in plots(&name, &stem, &series, out, &mut report.files)? {
             let _ = writeln!(md, "![{what}]({file})");
         }
         let observations = observe(&name, &series);
@@ -281,9 +284,34 @@ pub fn near_100mb(s: &Series) -> Option<&Row> {
         .map(|(r, _)| r)
 }
 
+/// The start of the file names of a collective's plots: its name with every character outside
+/// `[A-Za-z0-9_-]` replaced by `_` (a name from a CSV such as `../x` must never lead outside
+/// `-o`), made different from the stems already `taken`.
+pub fn file_stem(name: &str, taken: &[String]) -> String {
+    let mut clean: String = name
+        .chars()
+        .take(64)
+        .map(|c| match c {
+            'A'..='Z' | 'a'..='z' | '0'..='9' | '_' | '-' => c,
+            _ => '_',
+        })
+        .collect();
+    if clean.is_empty() {
+        clean = "unnamed".into();
+    }
+    let mut stem = clean.clone();
+    let mut n = 2;
+    while taken.contains(&stem) {
+        stem = format!("{clean}-{n}");
+        n += 1;
+    }
+    stem
+}
+
 /// Draws the collective's plots as PNG and SVG; returns (alt text, file name) of each PNG.
 fn plots(
     name: &str,
+    file: &str,
     series: &[Series],
     out: &Path,
     written: &mut Vec<PathBuf>,
@@ -323,7 +351,7 @@ fn plots(
         ),
     ];
     for (kind, plot) in &line_plots {
-        let stem = format!("{name}-{kind}");
+        let stem = format!("{file}-{kind}");
         let png = out.join(format!("{stem}.png"));
         let svg = out.join(format!("{stem}.svg"));
         draw_lines(
@@ -350,7 +378,7 @@ fn plots(
         })
         .collect();
     if !bars.is_empty() {
-        let stem = format!("{name}-100MB");
+        let stem = format!("{file}-100MB");
         let title = format!("{name} at 100 MB: median time by backend and ranks");
         let png = out.join(format!("{stem}.png"));
         let svg = out.join(format!("{stem}.svg"));
@@ -756,6 +784,15 @@ mod tests {
         let refs: Vec<&Row> = rows.iter().collect();
         let s = series(&refs);
         assert!(s.iter().all(|s| s.label.ends_with("(in-place)")), "{s:?}");
+    }
+
+    #[test]
+    fn file_stems_stay_inside_the_folder() {
+        assert_eq!(file_stem("all_reduce", &[]), "all_reduce");
+        assert_eq!(file_stem("../x", &[]), "___x");
+        assert_eq!(file_stem("a/b", &[]), "a_b");
+        assert_eq!(file_stem("", &[]), "unnamed");
+        assert_eq!(file_stem("a.b", &["a_b".into()]), "a_b-2");
     }
 
     #[test]

@@ -117,6 +117,10 @@ pub fn run_job(
 fn spawn_ranks(args: &LaunchArgs) -> i32 {
     let plan = (|| -> Result<SpawnPlan> {
         args.timeout()?;
+        if let Some(n) = args.nproc_per_node.filter(|&n| n > 0) {
+            // Before looking for GPUs: an absurd count is refused at once.
+            spawn::check_ranks("-n/--nproc-per-node", n, 1)?;
+        }
         let selection = backend::select(args.backend)?;
         let nproc = match args.nproc_per_node {
             Some(0) => {
@@ -155,8 +159,9 @@ fn spawn_ranks(args: &LaunchArgs) -> i32 {
         Ok(outcome @ Outcome::Failed(_)) => {
             if let Outcome::Failed(failure) = &outcome {
                 eprintln!(
-                    "error: {}; the other ranks were stopped",
-                    failure.describe()
+                    "error: {}; the other ranks were stopped{}",
+                    failure.describe(),
+                    failure.others()
                 );
             }
             outcome.exit_code()

@@ -3,6 +3,10 @@
 //! output line by line (never a torn line), forwards Ctrl-C, and when one rank fails stops the
 //! others (SIGTERM, then SIGKILL after a grace period) and exits with that rank's status.
 //!
+//! Each rank leads a process group of its own, as torchrun's workers do: stopping a rank (on a
+//! failure, or passing on Ctrl-C) signals its whole group, so the processes a rank started go
+//! with it, and whatever is left in the groups once the ranks have exited is killed too.
+//!
 //! Like torchrun, it gives each rank its own `TORCHELASTIC_ERROR_FILE` (in a temporary directory
 //! it owns and removes), and picks the root cause among ranks that failed together from the
 //! [`ErrorRecord`]s they wrote there, not from their stderr.
@@ -23,6 +27,69 @@ use crate::topology::{Launcher, Topology};
 
 /// How many of a failed rank's last stderr lines the summary shows.
 const KEPT_LINES: usize = 10;
+
+/// The most of one relayed line that is shown; the rest, up to its newline, is discarded (never
+/// buffered) and a marker says how many bytes were cut.
+pub const LINE_CAP: usize = 64 * 1024;
+
+/// The most of one line kept for the summary's stderr tail (10 lines per rank, for every rank
+/// of the node until the job ends).
+const TAIL_LINE_CAP: usize = 2 * 1024;
+
+/// The most ranks in one job: beyond, a world size is a typo (or a `WORLD_SIZE` gone wrong),
+/// not a job, and every rank would allocate tables of that size.
+pub const MAX_WORLD_SIZE: usize = 65536;
+
+/// The most ranks started on one node. Each is a process with its threads, sockets and pipes;
+/// past this the node runs out of those long before the job does anything useful.
+pub const MAX_LOCAL_RANKS: usize = 1024;
+
+/// Ranks per CPU core beyond which starting them earns a warning: they will mostly wait for a
+/// core, and time out under load.
+pub const RANKS_PER_CORE_WARNING: usize = 8;
+
+/// Checks `nproc_per_node` ranks on each of `nnodes` nodes against [`MAX_LOCAL_RANKS`] and
+/// [`MAX_WORLD_SIZE`], before anything starts; `flag` names what the user typed (e.g.
+/// `--nproc-per-node`). Returns the world size.
+pub fn check_ranks(flag: &str, nproc_per_node: usize, nnodes: usize) -> Result<usize> {
+    if nproc_per_node == 0 || nnodes == 0 {
+        return Err(CommError::Usage(format!(
+            "{flag}: a job needs at least one rank on at least one node"
+        )));
+    }
+    if nproc_per_node > MAX_LOCAL_RANKS {
+        return Err(CommError::Usage(format!(
+            "{flag} {nproc_per_node}: at most {MAX_LOCAL_RANKS} ranks on one node (this one has \
+             {} CPU cores); each rank is a process with its own threads and sockets, so that many \
+             would exhaust the node before the job starts",
+            cores()
+        )));
+    }
+    match nproc_per_node.checked_mul(nnodes) {
+        Some(world) if world <= MAX_WORLD_SIZE => Ok(world),
+        _ => Err(CommError::Usage(format!(
+            "{flag}: {nproc_per_node} ranks on each of {nnodes} nodes is more than \
+             {MAX_WORLD_SIZE} ranks, the most one job may have"
+        ))),
+    }
+}
+
+/// A warning, when `nproc_per_node` ranks are far more than this node's cores, else None.
+pub fn oversubscription_warning(nproc_per_node: usize) -> Option<String> {
+    let cores = cores();
+    (nproc_per_node > RANKS_PER_CORE_WARNING * cores).then(|| {
+        format!(
+            "warning: {nproc_per_node} ranks on {cores} CPU core{}: more than \
+             {RANKS_PER_CORE_WARNING} per core, they will mostly wait for a core (and may time out)",
+            if cores == 1 { "" } else { "s" }
+        )
+    })
+}
+
+/// The CPU cores this process may use.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
 
 /// What to start and how.
 #[derive(Debug, Clone)]
@@ -57,8 +124,11 @@ pub struct Failure {
     pub rank: usize,
     /// How its process ended: an exit code or a signal.
     pub status: ExitStatus,
-    /// Its last lines of stderr (up to 10), for the summary.
+    /// Its last lines of stderr (up to 10, each cut to 2 KiB), for the summary.
     pub last_stderr: Vec<String>,
+    /// How many other ranks of this node failed too (with it, or reporting an error of their
+    /// own while being stopped): counted, not listed, so a large job ends with one line.
+    pub others_failed: usize,
     /// What the rank wrote at `TORCHELASTIC_ERROR_FILE` when it failed; None when it wrote
     /// nothing (killed by a signal, or a program that does not report through this library).
     pub record: Option<ErrorRecord>,
@@ -80,6 +150,15 @@ impl Failure {
                 signal_name(sig)
             ),
             _ => format!("rank {} ended with {:?}", self.rank, self.status),
+        }
+    }
+
+    /// ` (N other ranks also failed)`, or nothing when it failed alone: ends a summary line.
+    pub fn others(&self) -> String {
+        match self.others_failed {
+            0 => String::new(),
+            1 => " (1 other rank also failed)".into(),
+            n => format!(" ({n} other ranks also failed)"),
         }
     }
 }
@@ -143,17 +222,44 @@ fn catch_signals() {
     }
 }
 
-fn signal_child(pid: u32, sig: i32) {
-    // SAFETY: kill(2) with a child's pid; at worst the child is already gone.
+/// Sends `sig` to the process group rank `pid` leads: the rank and every process it started
+/// (that did not leave the group). Should the rank have left its group, it gets `sig` too.
+fn signal_group(pid: u32, sig: i32) {
+    let pid = pid as libc::pid_t;
+    // SAFETY: kill(2) and getpgid(2) on a group and a pid we started; at worst they are gone
+    // (ESRCH) and nothing happens.
     unsafe {
-        libc::kill(pid as libc::pid_t, sig);
+        let group = libc::kill(-pid, sig) == 0;
+        if !group || libc::getpgid(pid) != pid {
+            libc::kill(pid, sig);
+        }
     }
 }
 
+/// Whether any process is left in the group `pid` led.
+fn group_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the group exists and may be signalled.
+    unsafe { libc::kill(-(pid as libc::pid_t), 0) == 0 }
+}
+
 /// Starts the ranks of this node and waits for them. Returns how they ended.
+///
+/// Refuses (a usage error, nothing started) more than [`MAX_LOCAL_RANKS`] ranks on this node or
+/// [`MAX_WORLD_SIZE`] in all, and warns on stderr when the ranks far outnumber the cores.
 pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
+    let world_size = check_ranks("--nproc-per-node", plan.nproc_per_node, plan.nnodes)?;
+    if plan.node_rank >= plan.nnodes {
+        return Err(CommError::Usage(format!(
+            "node rank {} but {} nodes: node ranks go from 0 to {}",
+            plan.node_rank,
+            plan.nnodes,
+            plan.nnodes - 1
+        )));
+    }
+    if let Some(warning) = oversubscription_warning(plan.nproc_per_node) {
+        eprintln!("{warning}");
+    }
     catch_signals();
-    let world_size = plan.nproc_per_node * plan.nnodes;
     let out_lock = Arc::new(Mutex::new(()));
     let (exits, exited) =
         crossbeam_channel::unbounded::<(usize, std::io::Result<ExitStatus>, u64)>();
@@ -186,10 +292,16 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
         if let Some(records) = &records {
             command.env(ERROR_FILE_ENV, records.file(rank));
         }
-        // SAFETY: prctl is async-signal-safe. If this parent dies, even by SIGKILL, the kernel
-        // kills the child: no orphan keeps running.
+        // SAFETY: setpgid and prctl are async-signal-safe. The rank leads a process group of
+        // its own, which is what gets signalled: what the rank starts goes with it. If this
+        // parent dies, even by SIGKILL, the kernel kills the rank: no orphan keeps running.
+        // (Out of the terminal's foreground group, the rank no longer gets Ctrl-C itself: the
+        // parent catches it and passes it on to the group.)
         unsafe {
             command.pre_exec(|| {
+                if libc::setpgid(0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                 Ok(())
             });
@@ -198,7 +310,7 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
             Ok(child) => child,
             Err(e) => {
                 for &pid in &pids {
-                    signal_child(pid, libc::SIGKILL);
+                    signal_group(pid, libc::SIGKILL);
                 }
                 return Err(CommError::io(
                     format!("cannot start rank {rank} ({})", plan.program.display()),
@@ -238,7 +350,7 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
     let stop_all = |running: &[bool], sig: i32| {
         for (i, &alive) in running.iter().enumerate() {
             if alive {
-                signal_child(pids[i], sig);
+                signal_group(pids[i], sig);
             }
         }
     };
@@ -247,6 +359,18 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
             Ok((local_rank, status, exited_us)) => {
                 running[local_rank] = false;
                 let status = status.map_err(|e| CommError::io("waiting for a rank", e))?;
+                if let Outcome::Failed(failure) = &mut outcome {
+                    // A rank stopped after the failure counts as failed too when it reported an
+                    // error of its own (not when our signal ended it).
+                    let rank = plan.node_rank * plan.nproc_per_node + local_rank;
+                    if !status.success()
+                        && records
+                            .as_ref()
+                            .is_some_and(|r| ErrorRecord::read(&r.file(rank)).is_some())
+                    {
+                        failure.others_failed += 1;
+                    }
+                }
                 if !status.success() && matches!(outcome, Outcome::Success) {
                     // Give the relay a moment to pass on the rank's last words, and the ranks
                     // that failed because of this one (or this one because of them) time to
@@ -282,6 +406,7 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
                         rank: root.rank,
                         status: root.status,
                         last_stderr,
+                        others_failed: failed.len(),
                         record: root.record,
                     });
                     stop_all(&running, libc::SIGTERM);
@@ -304,7 +429,14 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
             kill_at = None;
         }
     }
-    // The pipes close when the ranks exit; a grandchild holding one open must not hang us.
+    // Whatever the ranks started and left behind is still in their groups: it goes with them.
+    for &pid in &pids {
+        if group_alive(pid) {
+            signal_group(pid, libc::SIGKILL);
+        }
+    }
+    // The pipes close when the ranks exit; a process that left its group holding one open must
+    // not hang us.
     let deadline = Instant::now() + Duration::from_secs(2);
     for relay in relays {
         while !relay.is_finished() && Instant::now() < deadline {
@@ -417,6 +549,9 @@ impl Drop for ErrorDir {
 }
 
 /// Copies a child's output to ours a whole line at a time, optionally keeping the last lines.
+///
+/// A line longer than [`LINE_CAP`] is shown cut, with a marker saying how many bytes were cut;
+/// the rest is read and dropped as it comes, so a line of any length costs at most the cap.
 fn relay(
     source: impl Read + Send + 'static,
     prefix: Option<String>,
@@ -427,21 +562,25 @@ fn relay(
     std::thread::spawn(move || {
         let mut reader = BufReader::new(source);
         let mut line = Vec::new();
+        let mut cut = 0u64;
         loop {
-            line.clear();
-            match reader.read_until(b'\n', &mut line) {
+            let complete = match read_capped_line(&mut reader, &mut line, &mut cut) {
                 Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            if !line.ends_with(b"\n") {
+                Ok(_) => line.ends_with(b"\n"),
+            };
+            if !complete {
                 line.push(b'\n');
+            }
+            if cut > 0 {
+                line.pop();
+                line.extend_from_slice(format!(" \u{2026} [{cut} bytes cut]\n").as_bytes());
             }
             if let Some(tail) = &tail {
                 let mut tail = tail.lock().unwrap();
                 if tail.len() == KEPT_LINES {
                     tail.pop_front();
                 }
-                tail.push_back(String::from_utf8_lossy(&line).trim_end().to_string());
+                tail.push_back(tail_line(&line));
             }
             let _guard = lock.lock().unwrap();
             let written = if to_stderr {
@@ -454,6 +593,70 @@ fn relay(
             }
         }
     })
+}
+
+/// Reads one line into `line` (cleared first), keeping at most [`LINE_CAP`] bytes of it, then
+/// its newline if it had one, and counting the bytes dropped in `cut`. Returns the bytes read
+/// (0 at the end). A cut line ends on a whole UTF-8 character.
+fn read_capped_line(
+    reader: &mut impl BufRead,
+    line: &mut Vec<u8>,
+    cut: &mut u64,
+) -> std::io::Result<usize> {
+    line.clear();
+    *cut = 0;
+    let mut read = 0;
+    let mut newline = false;
+    while !newline {
+        let buf = match reader.fill_buf() {
+            Ok(buf) => buf,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            break;
+        }
+        let (used, content) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                newline = true;
+                (i + 1, &buf[..i])
+            }
+            None => (buf.len(), buf),
+        };
+        let take = content.len().min(LINE_CAP - line.len());
+        line.extend_from_slice(&content[..take]);
+        *cut += (content.len() - take) as u64;
+        reader.consume(used);
+        read += used;
+    }
+    if *cut > 0 {
+        // Do not end a cut line in the middle of a character.
+        if let Err(e) = std::str::from_utf8(line) {
+            if e.error_len().is_none() {
+                *cut += (line.len() - e.valid_up_to()) as u64;
+                line.truncate(e.valid_up_to());
+            }
+        }
+    }
+    if newline {
+        line.push(b'\n');
+    }
+    Ok(read)
+}
+
+/// A relayed line as the summary keeps it: without its newline, at most [`TAIL_LINE_CAP`]
+/// bytes (on a character boundary).
+fn tail_line(line: &[u8]) -> String {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim_end();
+    if text.len() <= TAIL_LINE_CAP {
+        return text.to_string();
+    }
+    let mut end = TAIL_LINE_CAP;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{} \u{2026} [{} bytes cut]", &text[..end], text.len() - end)
 }
 
 fn write_line(out: &mut impl Write, prefix: Option<&str>, line: &[u8]) -> std::io::Result<()> {

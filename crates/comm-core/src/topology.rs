@@ -173,6 +173,7 @@ fn torchrun(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
     }
     let rank = number(var, "RANK", HINT)?;
     let world_size = number(var, "WORLD_SIZE", HINT)?;
+    check_world_size("WORLD_SIZE", world_size)?;
     check_below("RANK", rank, "WORLD_SIZE", world_size)?;
     // Started by hand with only the four variables env:// needs: one rank per node.
     let local_rank = optional_number(var, "LOCAL_RANK")?.unwrap_or(rank);
@@ -212,6 +213,7 @@ fn slurm(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
     const HINT: &str = "srun sets it for each task";
     let rank = number(var, "SLURM_PROCID", HINT)?;
     let world_size = number(var, "SLURM_NTASKS", HINT)?;
+    check_world_size("SLURM_NTASKS", world_size)?;
     check_below("SLURM_PROCID", rank, "SLURM_NTASKS", world_size)?;
     let local_rank = number(var, "SLURM_LOCALID", HINT)?;
     let node_rank = optional_number(var, "SLURM_NODEID")?.unwrap_or(0);
@@ -246,16 +248,10 @@ fn slurm(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
                         "neither MASTER_ADDR nor SLURM_JOB_NODELIST is set: cannot tell where rank 0 runs",
                     )
                 })?;
-            let hosts = expand_nodelist(&list).map_err(|e| {
+            first_host(&list).map_err(|e| {
                 CommError::env(
                     "SLURM_JOB_NODELIST",
                     format!("SLURM_JOB_NODELIST={list:?}: {e}"),
-                )
-            })?;
-            hosts.into_iter().next().ok_or_else(|| {
-                CommError::env(
-                    "SLURM_JOB_NODELIST",
-                    format!("SLURM_JOB_NODELIST={list:?} names no host"),
                 )
             })?
         }
@@ -319,17 +315,63 @@ pub fn tasks_on_node(spec: &str, node: usize) -> Option<usize> {
     None
 }
 
+/// The most hosts [`expand_nodelist`] lists: more than any job has, so more is a mistake (and
+/// `r[1-100000]n[1-100000]` would otherwise allocate until the process dies).
+pub const MAX_NODELIST_HOSTS: u64 = 65536;
+
 /// Expands a Slurm host list such as `lrdn[0101-0104,0107]` or `a1,b[1-2]-ib` into host names, in
-/// order, keeping zero padding.
+/// order, keeping zero padding. Refuses a list of more than [`MAX_NODELIST_HOSTS`] hosts (counted
+/// before anything is expanded).
 pub fn expand_nodelist(list: &str) -> std::result::Result<Vec<String>, String> {
-    let mut hosts = Vec::new();
-    for item in split_top_level(list)? {
-        if item.is_empty() {
-            return Err("empty host name".into());
-        }
-        hosts.extend(expand_host(&item)?);
+    let items = parse_nodelist(list)?;
+    let count = items
+        .iter()
+        .try_fold(0u64, |sum, parts| sum.checked_add(host_count(parts)?))
+        .filter(|&n| n <= MAX_NODELIST_HOSTS)
+        .ok_or_else(|| format!("names more than {MAX_NODELIST_HOSTS} hosts"))?;
+    let mut hosts = Vec::with_capacity(count as usize);
+    for parts in &items {
+        expand_parts(parts, String::new(), &mut hosts);
     }
     Ok(hosts)
+}
+
+/// The first host of a Slurm host list (where rank 0 runs), without expanding the rest: the
+/// whole list is checked, but `r[1-100000]n[1-100000]` costs no more than `r1n1`.
+pub fn first_host(list: &str) -> std::result::Result<String, String> {
+    let items = parse_nodelist(list)?;
+    let mut host = String::new();
+    for part in &items[0] {
+        match part {
+            HostPart::Text(text) => host.push_str(text),
+            HostPart::Ranges(ranges) => {
+                let (lo, _, width) = ranges[0];
+                host.push_str(&format!("{lo:0width$}"));
+            }
+        }
+    }
+    Ok(host)
+}
+
+/// A piece of a host pattern: literal text, or a bracket's ranges (first, last, zero-padded
+/// width).
+enum HostPart {
+    Text(String),
+    Ranges(Vec<(u64, u64, usize)>),
+}
+
+/// Every host pattern of the list, checked (brackets, numbers, ranges that run forwards).
+fn parse_nodelist(list: &str) -> std::result::Result<Vec<Vec<HostPart>>, String> {
+    split_top_level(list)?
+        .iter()
+        .map(|item| {
+            if item.is_empty() {
+                Err("empty host name".to_string())
+            } else {
+                parse_host(item)
+            }
+        })
+        .collect()
 }
 
 /// Splits on the commas that are not inside brackets.
@@ -357,39 +399,87 @@ fn split_top_level(list: &str) -> std::result::Result<Vec<String>, String> {
     Ok(items)
 }
 
-/// Expands one host pattern; several bracket groups multiply (`r[1-2]n[1-2]` gives four hosts).
-fn expand_host(pattern: &str) -> std::result::Result<Vec<String>, String> {
-    let Some(open) = pattern.find('[') else {
-        return Ok(vec![pattern.to_string()]);
-    };
-    let close = open + pattern[open..].find(']').ok_or("unbalanced brackets")?;
-    let (prefix, ranges, rest) = (
-        &pattern[..open],
-        &pattern[open + 1..close],
-        &pattern[close + 1..],
-    );
-    let tails = expand_host(rest)?;
-    let mut hosts = Vec::new();
-    for range in ranges.split(',') {
-        let (lo, hi) = range.split_once('-').unwrap_or((range, range));
-        let (a, b) = (lo.parse::<u64>(), hi.parse::<u64>());
-        let (Ok(a), Ok(b)) = (a, b) else {
-            return Err(format!("bad range {range:?}"));
-        };
-        if a > b {
-            return Err(format!("range {range:?} runs backwards"));
+/// One host pattern's pieces; several bracket groups multiply (`r[1-2]n[1-2]` is four hosts).
+fn parse_host(pattern: &str) -> std::result::Result<Vec<HostPart>, String> {
+    let mut parts = Vec::new();
+    let mut rest = pattern;
+    while let Some(open) = rest.find('[') {
+        let close = open + rest[open..].find(']').ok_or("unbalanced brackets")?;
+        if open > 0 {
+            parts.push(HostPart::Text(rest[..open].to_string()));
         }
-        if b - a > 100_000 {
-            return Err(format!("range {range:?} is implausibly large"));
+        let mut ranges = Vec::new();
+        for range in rest[open + 1..close].split(',') {
+            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+            let (Ok(a), Ok(b)) = (lo.parse::<u64>(), hi.parse::<u64>()) else {
+                return Err(format!("bad range {range:?}"));
+            };
+            if a > b {
+                return Err(format!("range {range:?} runs backwards"));
+            }
+            ranges.push((a, b, lo.len()));
         }
-        let width = lo.len();
-        for n in a..=b {
-            for tail in &tails {
-                hosts.push(format!("{prefix}{n:0width$}{tail}"));
+        parts.push(HostPart::Ranges(ranges));
+        rest = &rest[close + 1..];
+    }
+    if !rest.is_empty() {
+        parts.push(HostPart::Text(rest.to_string()));
+    }
+    Ok(parts)
+}
+
+/// How many hosts a pattern names; None past u64.
+fn host_count(parts: &[HostPart]) -> Option<u64> {
+    parts.iter().try_fold(1u64, |product, part| match part {
+        HostPart::Text(_) => Some(product),
+        HostPart::Ranges(ranges) => {
+            let n = ranges.iter().try_fold(0u64, |sum, &(a, b, _)| {
+                sum.checked_add((b - a).checked_add(1)?)
+            })?;
+            product.checked_mul(n)
+        }
+    })
+}
+
+/// Appends every host of `parts` to `hosts`, each starting with `head`, in order.
+fn expand_parts(parts: &[HostPart], head: String, hosts: &mut Vec<String>) {
+    match parts.split_first() {
+        None => hosts.push(head),
+        Some((HostPart::Text(text), rest)) => expand_parts(rest, head + text, hosts),
+        Some((HostPart::Ranges(ranges), rest)) => {
+            for &(a, b, width) in ranges {
+                for n in a..=b {
+                    expand_parts(rest, format!("{head}{n:0width$}"), hosts);
+                }
             }
         }
     }
-    Ok(hosts)
+}
+
+/// Refuses a world size no job has: more than [`MAX_WORLD_SIZE`] ranks.
+///
+/// [`MAX_WORLD_SIZE`]: crate::spawn::MAX_WORLD_SIZE
+fn check_world_size(name: &str, world_size: usize) -> Result<()> {
+    if world_size > crate::spawn::MAX_WORLD_SIZE {
+        return Err(CommError::env(
+            name,
+            format!(
+                "{name}={world_size}: more than {} ranks, the most one job may have",
+                crate::spawn::MAX_WORLD_SIZE
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Ranks on this node as the launcher said (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE), or 1:
+/// how many processes share this node's memory.
+pub fn local_ranks_from_env() -> usize {
+    ["LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok()?.trim().parse::<usize>().ok())
+        .unwrap_or(1)
+        .clamp(1, crate::spawn::MAX_LOCAL_RANKS)
 }
 
 #[cfg(test)]

@@ -130,6 +130,13 @@ pub fn resolve(cli: &Cli, machine: &Machine) -> Result<Resolved, String> {
         ))
         }
     };
+    // Refused before anything starts (spawn::run would refuse too, after the checks below).
+    let flag = if nnodes > 1 {
+        "--nproc-per-node × --nnodes"
+    } else {
+        "--nproc-per-node"
+    };
+    comm_core::spawn::check_ranks(flag, nproc, nnodes).map_err(|e| e.to_string())?;
     if node_rank >= nnodes {
         return Err(format!(
             "--node-rank {node_rank} but --nnodes {nnodes}: node ranks go from 0 to {}",

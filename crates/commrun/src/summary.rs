@@ -16,7 +16,12 @@ use comm_core::ErrorRecord;
 pub fn root_cause(failure: &Failure, plan: &SpawnPlan, host: &str) -> String {
     let nproc = plan.nproc_per_node;
     let mut out = String::new();
-    let _ = writeln!(out, "commrun: error: {}", failure.describe());
+    let _ = writeln!(
+        out,
+        "commrun: error: {}{}",
+        failure.describe(),
+        failure.others()
+    );
     let _ = writeln!(out, "Root cause (first worker to fail on this node):");
     let _ = writeln!(
         out,
@@ -224,6 +229,7 @@ mod tests {
             rank: 3,
             status: ExitStatus::from_raw(libc::SIGSEGV),
             last_stderr: lines(&["about to crash"]),
+            others_failed: 0,
             record: None,
         };
         let text = root_cause(&failure, &plan(2, 1), "lrdn0102");
@@ -238,5 +244,15 @@ mod tests {
         assert!(text.contains("killed by signal 11 (SIGSEGV)"), "{text}");
         assert!(text.contains("    | about to crash"), "{text}");
         assert!(text.ends_with("exit code 139"), "{text}");
+        assert!(!text.contains("also failed"), "{text}");
+        let many = Failure {
+            others_failed: 699,
+            ..failure
+        };
+        let text = root_cause(&many, &plan(2, 1), "lrdn0102");
+        assert!(
+            text.contains("rank 3 was killed by signal 11 (SIGSEGV) (699 other ranks also failed)"),
+            "{text}"
+        );
     }
 }
