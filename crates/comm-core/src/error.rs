@@ -267,6 +267,37 @@ fn foreign_peer_message(
     format!("rank {rank} refused a peer connection from {from} claiming to be {what}; {FIX}")
 }
 
+/// Ranks as a message lists them: runs of three or more as ranges, and at most 16 items, so a
+/// thousand missing ranks make one short line (`0, 2, 5-699, … (40 more)`); "none" when empty.
+pub fn rank_list(ranks: impl IntoIterator<Item = usize>) -> String {
+    const SHOWN: usize = 16;
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for r in ranks {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == r => *end = r,
+            _ => runs.push((r, r)),
+        }
+    }
+    let mut items: Vec<String> = Vec::new();
+    for &(start, end) in &runs {
+        match end - start {
+            0 => items.push(start.to_string()),
+            1 => items.extend([start.to_string(), end.to_string()]),
+            _ => items.push(format!("{start}-{end}")),
+        }
+    }
+    if items.is_empty() {
+        return "none".into();
+    }
+    let more = items.len().saturating_sub(SHOWN);
+    items.truncate(SHOWN);
+    let mut text = items.join(", ");
+    if more > 0 {
+        text.push_str(&format!(", … ({more} more)"));
+    }
+    text
+}
+
 /// The rank that serves the rendezvous store (see [`crate::store::StoreServer`]).
 const STORE_RANK: usize = 0;
 
@@ -347,6 +378,17 @@ impl CommError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rank_lists_stay_short() {
+        assert_eq!(rank_list([2, 3]), "2, 3");
+        assert_eq!(rank_list([0, 2, 3, 4, 9]), "0, 2-4, 9");
+        assert_eq!(rank_list([]), "none");
+        assert_eq!(rank_list(1..700), "1-699");
+        let scattered = rank_list((0..1000).step_by(2));
+        assert!(scattered.ends_with(", … (484 more)"), "{scattered}");
+        assert!(scattered.len() < 120, "{scattered}");
+    }
 
     fn io() -> std::io::Error {
         std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused")

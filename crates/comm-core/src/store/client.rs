@@ -201,13 +201,7 @@ impl Store {
                         missing.push(r);
                     }
                 }
-                let names = |ranks: &[usize]| {
-                    ranks
-                        .iter()
-                        .map(usize::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                };
+                let names = |ranks: &[usize]| crate::error::rank_list(ranks.iter().copied());
                 Err(CommError::Timeout {
                     what: format!("barrier '{name}' on rank {}", self.rank),
                     timeout,

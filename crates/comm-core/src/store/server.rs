@@ -30,7 +30,7 @@ use super::frame::{
     read_frame, read_frame_within, write_frame, FrameTooLarge, Refusal, Request, Response,
 };
 use super::MAX_FRAME;
-use crate::error::{CommError, Result};
+use crate::error::{rank_list, CommError, Result};
 
 /// A hello is a few dozen bytes; before it, nobody may send more than this.
 const MAX_HELLO_FRAME: usize = 4 << 10;
@@ -608,21 +608,14 @@ fn wait_for<'a>(
 }
 
 fn who_arrived(seen: &BTreeSet<u32>, world_size: usize) -> (String, Vec<u32>) {
-    let list = |v: Vec<String>| {
-        if v.is_empty() {
-            "none".to_string()
-        } else {
-            v.join(", ")
-        }
-    };
-    let present: Vec<String> = seen.iter().map(u32::to_string).collect();
+    let list = |ranks: &mut dyn Iterator<Item = &u32>| rank_list(ranks.map(|&r| r as usize));
     let missing: Vec<u32> = (0..world_size as u32)
         .filter(|r| !seen.contains(r))
         .collect();
     let text = format!(
         "ranks connected to the store: {} of {world_size}; never connected: {}",
-        list(present),
-        list(missing.iter().map(u32::to_string).collect())
+        list(&mut seen.iter()),
+        list(&mut missing.iter())
     );
     (text, missing)
 }

@@ -646,9 +646,11 @@ fn accept_peers(
             let waiting: Vec<usize> = (rank + 1..world_size)
                 .filter(|&p| accepted[p].is_none())
                 .collect();
-            let names: Vec<String> = waiting.iter().map(usize::to_string).collect();
             return Err(Some(CommError::Timeout {
-                what: format!("ranks {} to connect to rank {rank}", names.join(", ")),
+                what: format!(
+                    "ranks {} to connect to rank {rank}",
+                    crate::error::rank_list(waiting.iter().copied())
+                ),
                 timeout,
                 detail: String::new(),
                 missing: waiting,
