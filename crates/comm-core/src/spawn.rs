@@ -36,13 +36,8 @@ pub const LINE_CAP: usize = 64 * 1024;
 /// of the node until the job ends).
 const TAIL_LINE_CAP: usize = 2 * 1024;
 
-/// The most ranks in one job: beyond, a world size is a typo (or a `WORLD_SIZE` gone wrong),
-/// not a job, and every rank would allocate tables of that size.
-pub const MAX_WORLD_SIZE: usize = 65536;
-
-/// The most ranks started on one node. Each is a process with its threads, sockets and pipes;
-/// past this the node runs out of those long before the job does anything useful.
-pub const MAX_LOCAL_RANKS: usize = 1024;
+// The job's bounds live with the job's shape, in topology (which spawn builds on).
+pub use crate::topology::{MAX_LOCAL_RANKS, MAX_WORLD_SIZE};
 
 /// Ranks per CPU core beyond which starting them earns a warning: they will mostly wait for a
 /// core, and time out under load.

@@ -6,6 +6,14 @@ use crate::error::{CommError, Result};
 /// Port used when neither MASTER_PORT nor a Slurm job id says otherwise (torchrun's default).
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
+/// The most ranks in one job: beyond, a world size is a typo (or a `WORLD_SIZE` gone wrong),
+/// not a job, and every rank would allocate tables of that size.
+pub const MAX_WORLD_SIZE: usize = 65536;
+
+/// The most ranks started on one node. Each is a process with its threads, sockets and pipes;
+/// past this the node runs out of those long before the job does anything useful.
+pub const MAX_LOCAL_RANKS: usize = 1024;
+
 /// torchrun's variable for the run a worker belongs to (its `--rdzv-id`).
 pub const RUN_ID_VAR: &str = "TORCHELASTIC_RUN_ID";
 
@@ -457,15 +465,13 @@ fn expand_parts(parts: &[HostPart], head: String, hosts: &mut Vec<String>) {
 }
 
 /// Refuses a world size no job has: more than [`MAX_WORLD_SIZE`] ranks.
-///
-/// [`MAX_WORLD_SIZE`]: crate::spawn::MAX_WORLD_SIZE
 fn check_world_size(name: &str, world_size: usize) -> Result<()> {
-    if world_size > crate::spawn::MAX_WORLD_SIZE {
+    if world_size > MAX_WORLD_SIZE {
         return Err(CommError::env(
             name,
             format!(
                 "{name}={world_size}: more than {} ranks, the most one job may have",
-                crate::spawn::MAX_WORLD_SIZE
+                MAX_WORLD_SIZE
             ),
         ));
     }
@@ -479,7 +485,7 @@ pub fn local_ranks_from_env() -> usize {
         .iter()
         .find_map(|name| std::env::var(name).ok()?.trim().parse::<usize>().ok())
         .unwrap_or(1)
-        .clamp(1, crate::spawn::MAX_LOCAL_RANKS)
+        .clamp(1, MAX_LOCAL_RANKS)
 }
 
 #[cfg(test)]
