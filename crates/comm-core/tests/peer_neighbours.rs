@@ -173,8 +173,11 @@ fn without_a_run_id_on_one_side_run_ids_are_not_compared() {
 
 #[test]
 fn a_rank_that_is_already_connected_is_refused() {
-    // Two by-hand jobs on one port: both their ranks 1 reach job A's rank 0.
+    // Two by-hand jobs: both their ranks 1 reach job A's rank 0. (Through one store the second
+    // rank 1 would be refused by the store itself, so job B's rank 1 meets at a store of its
+    // own that was told job A's peer address.)
     let server = StoreServer::bind(0, 3).unwrap();
+    let server_b = StoreServer::bind(0, 3).unwrap();
     let timeout = Duration::from_secs(3);
     let started = Instant::now();
     let rank0 = std::thread::scope(|s| {
@@ -182,14 +185,15 @@ fn a_rank_that_is_already_connected_is_refused() {
             let result = TcpTransport::connect(&store(&server, 0, 3, timeout), "d", 0, 3, None);
             (result, started.elapsed())
         });
-        let claimants: Vec<_> = (0..2)
-            .map(|_| {
-                let server = &server;
-                s.spawn(move || {
-                    TcpTransport::connect(&store(server, 1, 3, timeout), "d", 1, 3, None)
-                })
-            })
-            .collect();
+        let job_a =
+            s.spawn(|| TcpTransport::connect(&store(&server, 1, 3, timeout), "d", 1, 3, None));
+        let job_b = s.spawn(|| {
+            let addr = store(&server, 2, 3, timeout).get("d/addr/0").unwrap();
+            let store_b = store(&server_b, 1, 3, timeout);
+            store_b.set("d/addr/0", &addr).unwrap();
+            TcpTransport::connect(&store_b, "d", 1, 3, None)
+        });
+        let claimants = [job_a, job_b];
         let refused = claimants
             .into_iter()
             .filter_map(|h| h.join().unwrap().err())

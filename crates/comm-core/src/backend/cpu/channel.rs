@@ -1,12 +1,11 @@
 //! Threads as ranks: an in-process transport over crossbeam channels, one per ordered pair of
 //! ranks. The test suite uses it to cover many world sizes quickly.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 
-use super::transport::{size_mismatch, CallScope, Deadline, Transport};
+use super::transport::{size_mismatch, CallClock, CallScope, Transport};
 use crate::error::{CommError, Result};
 
 /// One thread's endpoint of a [`ChannelTransport::mesh`]; messages to a thread that ended
@@ -15,9 +14,8 @@ pub struct ChannelTransport {
     rank: usize,
     to: Vec<Sender<Vec<u8>>>,
     from: Vec<Receiver<Vec<u8>>>,
-    timeout: Duration,
-    /// The deadline of the collective call under way, if any.
-    call: Mutex<Option<Deadline>>,
+    /// The deadline of the collective call under way.
+    clock: CallClock,
 }
 
 impl ChannelTransport {
@@ -36,8 +34,7 @@ impl ChannelTransport {
                 from: (0..world_size)
                     .map(|src| channels[src][rank].1.clone())
                     .collect(),
-                timeout,
-                call: Mutex::new(None),
+                clock: CallClock::new(timeout),
             })
             .collect()
     }
@@ -62,11 +59,7 @@ impl Transport for ChannelTransport {
     }
 
     fn recv(&self, peer: usize, out: &mut [u8]) -> Result<()> {
-        let deadline = self
-            .call
-            .lock()
-            .unwrap()
-            .unwrap_or_else(|| Deadline::after(self.timeout));
+        let deadline = self.clock.deadline();
         let received = match deadline.remaining() {
             Some(left) => self.from[peer].recv_timeout(left),
             None => self.from[peer]
@@ -76,7 +69,7 @@ impl Transport for ChannelTransport {
         let message = received.map_err(|e| match e {
             RecvTimeoutError::Timeout => CommError::Timeout {
                 what: format!("rank {peer} to send to rank {}", self.rank),
-                timeout: self.timeout,
+                timeout: self.clock.timeout(),
                 detail: String::new(),
                 missing: vec![peer],
             },
@@ -100,16 +93,11 @@ impl Transport for ChannelTransport {
     }
 
     fn begin_call(&self) -> bool {
-        let mut call = self.call.lock().unwrap();
-        if call.is_some() {
-            return false;
-        }
-        *call = Some(Deadline::after(self.timeout));
-        true
+        self.clock.begin()
     }
 
     fn end_call(&self) {
-        *self.call.lock().unwrap() = None;
+        self.clock.end()
     }
 
     fn name(&self) -> &'static str {

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::transport::{size_mismatch, CallScope, Deadline, Transport};
+use super::transport::{size_mismatch, CallClock, Deadline, Transport};
 use crate::error::{CommError, Result};
 use crate::store::Store;
 
@@ -147,9 +147,8 @@ struct Link {
 pub struct TcpTransport {
     rank: usize,
     links: Vec<Option<Link>>,
-    timeout: Duration,
-    /// The deadline of the collective call under way, if any.
-    call: Mutex<Option<Deadline>>,
+    /// The deadline of the collective call under way.
+    clock: CallClock,
     /// The first failure: it shut every link, and every later operation fails with it.
     broken: Mutex<Option<CommError>>,
 }
@@ -218,8 +217,7 @@ impl TcpTransport {
         Ok(TcpTransport {
             rank,
             links,
-            timeout,
-            call: Mutex::new(None),
+            clock: CallClock::new(timeout),
             broken: Mutex::new(None),
         })
     }
@@ -232,10 +230,7 @@ impl TcpTransport {
 
     /// The deadline of the operation starting now: the call's, or its own.
     fn deadline(&self) -> Deadline {
-        self.call
-            .lock()
-            .unwrap()
-            .unwrap_or_else(|| Deadline::after(self.timeout))
+        self.clock.deadline()
     }
 
     /// The first failure again, if there was one.
@@ -265,7 +260,7 @@ impl TcpTransport {
         let e = match e.kind() {
             ErrorKind::WouldBlock | ErrorKind::TimedOut => CommError::Timeout {
                 what: format!("rank {peer} while rank {} was {doing} it", self.rank),
-                timeout: self.timeout,
+                timeout: self.clock.timeout(),
                 detail: " (is that rank stuck, or did the ranks call different collectives?)"
                     .into(),
                 missing: vec![peer],
@@ -737,30 +732,12 @@ impl Transport for TcpTransport {
             .map_err(|e| self.failure(peer, "receiving from", e))
     }
 
-    fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
-        let _call = CallScope::new(self);
-        std::thread::scope(|s| {
-            let sender = s.spawn(|| self.send(to, data));
-            let received = self.recv(from, out);
-            // A failed receive shut every link, so the sender does not wait out the deadline.
-            let sent = sender
-                .join()
-                .unwrap_or_else(|_| Err(CommError::Peer("the sending thread panicked".into())));
-            received.and(sent)
-        })
-    }
-
     fn begin_call(&self) -> bool {
-        let mut call = self.call.lock().unwrap();
-        if call.is_some() {
-            return false;
-        }
-        *call = Some(Deadline::after(self.timeout));
-        true
+        self.clock.begin()
     }
 
     fn end_call(&self) {
-        *self.call.lock().unwrap() = None;
+        self.clock.end()
     }
 
     fn name(&self) -> &'static str {

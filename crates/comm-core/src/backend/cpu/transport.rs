@@ -34,6 +34,8 @@ pub trait Transport: Send + Sync {
         std::thread::scope(|s| {
             let sender = s.spawn(|| self.send(to, data));
             let received = self.recv(from, out);
+            // A transport whose failed receive shuts its links (TCP) frees the sender at once,
+            // so it does not wait out the deadline.
             let sent = sender
                 .join()
                 .unwrap_or_else(|_| Err(CommError::Peer("the sending thread panicked".into())));
@@ -110,6 +112,51 @@ impl Deadline {
             Some(left) if left.is_zero() => None,
             Some(left) => Some(left.min(most)),
         }
+    }
+}
+
+/// The deadline of the collective call under way, shared by all its sends and receives: what a
+/// transport's [`Transport::begin_call`] and [`Transport::end_call`] keep.
+pub(crate) struct CallClock {
+    timeout: Duration,
+    call: std::sync::Mutex<Option<Deadline>>,
+}
+
+impl CallClock {
+    /// No call under way yet; each will have `timeout`.
+    pub(crate) fn new(timeout: Duration) -> CallClock {
+        CallClock {
+            timeout,
+            call: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// [`Transport::begin_call`]: false when a call is already under way.
+    pub(crate) fn begin(&self) -> bool {
+        let mut call = self.call.lock().unwrap();
+        if call.is_some() {
+            return false;
+        }
+        *call = Some(Deadline::after(self.timeout));
+        true
+    }
+
+    /// [`Transport::end_call`].
+    pub(crate) fn end(&self) {
+        *self.call.lock().unwrap() = None;
+    }
+
+    /// The call's deadline, or `timeout` from now for a send or receive outside any call.
+    pub(crate) fn deadline(&self) -> Deadline {
+        self.call
+            .lock()
+            .unwrap()
+            .unwrap_or_else(|| Deadline::after(self.timeout))
+    }
+
+    /// The timeout each call has.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
     }
 }
 
