@@ -199,14 +199,14 @@ fn a_port_in_use_is_reported_by_rank_zero() {
     );
 }
 
-/// The line example 03 prints for one backend: (backend, MB, median ms, busbw).
-fn timing_line(stdout: &str, backend: &str) -> (usize, f64, f64) {
-    let prefix = format!("Rank 0 ({backend}): all-reduce ");
+/// The course's line example 03 prints for one half (`Gloo` or `NCCL`): (MB, median ms, busbw).
+fn timing_line(stdout: &str, half: &str) -> (usize, f64, f64) {
+    let prefix = format!("Rank 0 ({half}): all-reduce ");
     let line = stdout
         .lines()
         .find(|l| l.starts_with(&prefix))
         .unwrap_or_else(|| panic!("no {prefix:?} line in:\n{stdout}"));
-    // Rank 0 (cpu): all-reduce 2 MB took 3.21 ms (median of 3, busbw 1.23 GB/s)
+    // Rank 0 (Gloo): all-reduce 2 MB took 3.21 ms (median of 3, busbw 1.23 GB/s)
     let words: Vec<&str> = line.split_whitespace().collect();
     let mb = words[4].parse().unwrap();
     assert_eq!(
@@ -228,28 +228,38 @@ struct Layout {
     ranks_per_node: usize,
 }
 
-/// Example 03 timed the CPU path, and NCCL too where this machine can run it for `layout`;
-/// where it cannot, it says why.
+/// Example 03 (under `--backend auto`) said which backend the job chose, timed the CPU path, and
+/// NCCL too where this machine can run it for `layout`; where it cannot, it says why.
 fn check_gloo_vs_nccl(stdout: &str, mb: usize, layout: Layout) {
-    assert_eq!(timing_line(stdout, "cpu").0, mb);
+    let first = stdout.lines().next().unwrap_or_default();
+    assert_eq!(
+        Backend::first_line_of(stdout).kind,
+        this_machine().kind,
+        "{stdout}"
+    );
+    assert!(
+        !first.contains("requested"),
+        "nothing was requested: {first}"
+    );
+    assert_eq!(timing_line(stdout, "Gloo").0, mb);
     let machine = this_machine();
     let gpus = machine.gpus();
     match machine.kind {
         Kind::Cpu => {
             let skipped = format!(
-                "Rank 0 (nccl): skipped: NCCL cannot run here: {}",
+                "Rank 0 (NCCL): skipped: NCCL cannot run here: {}",
                 machine.reason
             );
             assert!(stdout.contains(&skipped), "{skipped:?} in\n{stdout}");
         }
         Kind::Nccl if layout.nodes == 1 && layout.ranks_per_node <= gpus => {
-            assert_eq!(timing_line(stdout, "nccl").0, mb);
+            assert_eq!(timing_line(stdout, "NCCL").0, mb);
             assert!(stdout.contains("NCCL was "), "{stdout}");
         }
         // Too many ranks for the GPUs, or pretended nodes sharing them: the ranks' PCI bus ids
         // name two ranks of this host on one GPU (NCCL would refuse them with ncclInvalidUsage).
         Kind::Nccl => {
-            assert!(stdout.contains("Rank 0 (nccl): skipped: "), "{stdout}");
+            assert!(stdout.contains("Rank 0 (NCCL): skipped: "), "{stdout}");
             let why = if layout.ranks_per_node > gpus {
                 // Local rank `gpus` of the first node takes cuda:0 again, as rank 0 does.
                 format!("ranks 0 and {gpus} share one GPU on host ")
@@ -332,7 +342,7 @@ fn gloo_vs_nccl_across_two_launchers_as_two_nodes() {
         ranks_per_node: 2,
     };
     check_gloo_vs_nccl(stdout, 2, layout);
-    let (_, ms, busbw) = timing_line(stdout, "cpu");
+    let (_, ms, busbw) = timing_line(stdout, "Gloo");
     let expected = 2e6 / (ms / 1e3) / 1e9 * 1.5;
     assert!(
         (busbw - expected).abs() <= 0.01 + expected * 0.02,
@@ -346,8 +356,13 @@ fn gloo_vs_nccl_started_by_hand_with_the_courses_flags() {
     let ranks = (0..2)
         .map(|rank| {
             let mut c = Command::new(example("03-multinode-gloo-vs-nccl"));
-            c.args(["--world-size", "2", "--rank", &rank.to_string()])
-                .args(["--master-addr", "127.0.0.1", "--master-port", &port])
+            // Rank 0 with the course's own spellings, rank 1 with the dashed ones.
+            let flags = match rank {
+                0 => ["--world_size", "--master_addr", "--master_port"],
+                _ => ["--world-size", "--master-addr", "--master-port"],
+            };
+            c.args([flags[0], "2", "--rank", &rank.to_string()])
+                .args([flags[1], "127.0.0.1", flags[2], &port])
                 .args(QUICK)
                 .env_remove("RANK")
                 .env_remove("SLURM_PROCID");
@@ -370,4 +385,49 @@ fn gloo_vs_nccl_started_by_hand_with_the_courses_flags() {
         &[],
     );
     assert!(e.contains("--rank=2 but --world-size=2"), "{e}");
+}
+
+#[test]
+fn gloo_vs_nccl_runs_the_halves_backend_asks_for() {
+    let quick = ["-n", "2", "--size-mb", "1", "--iters", "2", "--warmup", "1"];
+    // --backend cpu: the CPU path alone, and the job says it was requested.
+    let out = run(
+        "03-multinode-gloo-vs-nccl",
+        &[&quick[..], &["--backend", "cpu"]].concat(),
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        stdout.lines().next(),
+        Some("backend: cpu (requested)"),
+        "{stdout}"
+    );
+    assert_eq!(timing_line(&stdout, "Gloo").0, 1);
+    assert!(
+        !stdout.contains("(NCCL)") && !stdout.contains("faster"),
+        "{stdout}"
+    );
+    // --backend nccl: NCCL alone (one GPU per rank), or refused for the reason `auto` falls
+    // back to the CPU.
+    let machine = this_machine();
+    let n = match machine.kind {
+        Kind::Cpu => 2,
+        Kind::Nccl => machine.gpus().min(2),
+    }
+    .to_string();
+    let nccl = [&["-n", &n], &quick[2..], &["--backend", "nccl"]].concat();
+    match machine.kind {
+        Kind::Cpu => {
+            let (code, e) = fails_with_code("03-multinode-gloo-vs-nccl", &nccl, &[]);
+            assert_eq!(code, Some(2), "{e}");
+            let refusal = format!("NCCL cannot run here: {}", machine.reason);
+            assert!(e.contains(&refusal), "{refusal:?} in\n{e}");
+        }
+        Kind::Nccl => {
+            let out = run("03-multinode-gloo-vs-nccl", &nccl);
+            let stdout = String::from_utf8(out.stdout).unwrap();
+            assert_eq!(Backend::first_line_of(&stdout).kind, Kind::Nccl, "{stdout}");
+            assert_eq!(timing_line(&stdout, "NCCL").0, 1);
+            assert!(!stdout.contains("(Gloo)"), "{stdout}");
+        }
+    }
 }
