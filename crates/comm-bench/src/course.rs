@@ -41,7 +41,7 @@ fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -234,13 +234,13 @@ fn sweep(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(files)
 }
 
+/// Writes one preset's files into a folder; returns the files written.
+type Writer = fn(&Plan, &[Row], &Path) -> Result<Vec<PathBuf>, String>;
+
 /// The course's outputs of the preset in `args`, if it has any; says on stderr what it wrote.
 /// False when something could not be written.
 pub fn write(args: &BenchArgs, plan: &Plan, rows: &[Row]) -> bool {
-    let (default_dir, run): (
-        &str,
-        fn(&Plan, &[Row], &Path) -> Result<Vec<PathBuf>, String>,
-    ) = match args.preset {
+    let (default_dir, run): (&str, Writer) = match args.preset {
         Some(Preset::Profiler) => (".", profiler),
         Some(Preset::AllreduceSweep) => (SWEEP_DIR, |_, rows, dir| sweep(rows, dir)),
         _ => return true,

@@ -265,6 +265,7 @@ fn parent_main(args: &BenchArgs, plan: &Plan) -> i32 {
     }
     printer.done();
     let _ = std::fs::remove_dir_all(&dir);
+    // `&`, not `&&`: the course's files are written even when --csv/--json failed.
     let written =
         write_outputs(args, &printer.rows) & crate::course::write(args, plan, &printer.rows);
     if code == 0 && !written {
@@ -439,6 +440,7 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
         (Err(e), _) => comm_core::failure_record::report_failure(rank, &e),
         (Ok(()), Sink::Print(printer)) => {
             printer.done();
+            // `&`, not `&&`: both are written even when one fails.
             let written = write_outputs(args, &printer.rows)
                 & crate::course::write(args, plan, &printer.rows);
             let code = if written { 0 } else { 1 };
