@@ -265,7 +265,9 @@ fn parent_main(args: &BenchArgs, plan: &Plan) -> i32 {
     }
     printer.done();
     let _ = std::fs::remove_dir_all(&dir);
-    let written = write_outputs(args, &printer.rows);
+    // `&`, not `&&`: the course's files are written even when --csv/--json failed.
+    let written =
+        write_outputs(args, &printer.rows) & crate::course::write(args, plan, &printer.rows);
     if code == 0 && !written {
         code = 1;
     }
@@ -438,11 +440,10 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
         (Err(e), _) => comm_core::failure_record::report_failure(rank, &e),
         (Ok(()), Sink::Print(printer)) => {
             printer.done();
-            let code = if write_outputs(args, &printer.rows) {
-                0
-            } else {
-                1
-            };
+            // `&`, not `&&`: both are written even when one fails.
+            let written = write_outputs(args, &printer.rows)
+                & crate::course::write(args, plan, &printer.rows);
+            let code = if written { 0 } else { 1 };
             finish_code(code, printer.wrong(), printer.rows.len())
         }
         // Ranks the parent started leave the verdict to it; other ranks stay quiet.

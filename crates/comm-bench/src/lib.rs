@@ -8,8 +8,10 @@
 //! - [`driver`]: the parent that starts ranks per world size, and the ranks themselves
 //! - [`table`], [`record`]: nccl-tests' table; rows for CSV/JSON
 //! - [`report`]: plots (plotters, PNG and SVG), markdown and observations
+//! - [`course`]: the course's own outputs of `--preset profiler` and `--preset allreduce-sweep`
 
 pub mod cli;
+pub mod course;
 pub mod driver;
 pub mod measure;
 pub mod plan;

@@ -121,8 +121,40 @@ pub fn series(rows: &[&Row]) -> Vec<Series> {
     out
 }
 
+/// How a report names its files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Naming {
+    /// `COLLECTIVE-time`, `COLLECTIVE-busbw`, `COLLECTIVE-100MB` (.png, .svg) and report.md.
+    #[default]
+    Report,
+    /// The course's names (seeds/004) where it names them: all_reduce's plots are
+    /// `allreduce_time_vs_datasize`, `allreduce_bandwidth_vs_datasize` and
+    /// `allreduce_backend_comparison_100mb`, and beside report.md come `full_results.md`,
+    /// `summary_by_config.md` and `analysis.txt`.
+    Course,
+}
+
+/// A plot's file stem: `{collective}-{kind}`, or the course's name for all_reduce's plots.
+fn plot_stem(naming: Naming, collective: &str, kind: &str) -> String {
+    let course = match kind {
+        "time" => "allreduce_time_vs_datasize",
+        "busbw" => "allreduce_bandwidth_vs_datasize",
+        _ => "allreduce_backend_comparison_100mb",
+    };
+    if naming == Naming::Course && collective == "all_reduce" {
+        course.to_string()
+    } else {
+        format!("{collective}-{kind}")
+    }
+}
+
 /// Reads `files`, writes plots and report.md into `out`, and returns what it wrote and observed.
 pub fn report(files: &[PathBuf], out: &Path) -> Result<Report, String> {
+    report_as(files, out, Naming::Report)
+}
+
+/// [`report`], naming the files as `naming` says (and, for the course, writing its extra files).
+pub fn report_as(files: &[PathBuf], out: &Path, naming: Naming) -> Result<Report, String> {
     let mut rows = Vec::new();
     let mut sources = Vec::new();
     for f in files {
@@ -156,6 +188,11 @@ pub fn report(files: &[PathBuf], out: &Path) -> Result<Report, String> {
         }
     }
     let mut stems = Vec::new();
+    let mut full = String::from("# Full results\n\n");
+    let _ = writeln!(full, "From {}.", sources.join(", "));
+    let mut summary = String::from("# Summary by configuration\n\n");
+    let _ = writeln!(summary, "From {}.", sources.join(", "));
+    let mut analysis = String::new();
     for name in names {
         let mine: Vec<&Row> = rows.iter().filter(|r| r.collective == name).collect();
         if mine.is_empty() {
@@ -165,7 +202,7 @@ pub fn report(files: &[PathBuf], out: &Path) -> Result<Report, String> {
         let _ = writeln!(md, "\n## {name}\n");
         let stem = file_stem(&name, &stems);
         stems.push(stem.clone());
-        for (what, file) in plots(&name, &stem, &series, out, &mut report.files)? {
+        for (what, file) in plots(&name, &stem, &series, out, naming, &mut report.files)? {
             let _ = writeln!(md, "![{what}]({file})");
         }
         let observations = observe(&name, &series);
@@ -175,14 +212,84 @@ pub fn report(files: &[PathBuf], out: &Path) -> Result<Report, String> {
                 let _ = writeln!(md, "- {o}");
             }
         }
-        report.observations.extend(observations);
         md.push('\n');
         md.push_str(&rows_table(&mine));
+        let _ = write!(full, "\n## {name}\n\n{}", rows_table(&mine));
+        let _ = write!(summary, "\n## {name}\n\n{}", summary_table(&series));
+        let _ = writeln!(analysis, "{name}:");
+        for s in &series {
+            let sizes: Vec<String> = s
+                .points
+                .iter()
+                .map(|r| human_bytes(r.bytes as f64))
+                .collect();
+            let _ = writeln!(analysis, "  measured: {}: {}", s.label, sizes.join(", "));
+        }
+        if observations.is_empty() {
+            analysis.push_str(
+                "  (no observations: too few sizes, world sizes or backends to compare)\n",
+            );
+        }
+        for o in &observations {
+            let _ = writeln!(analysis, "  - {o}");
+        }
+        analysis.push('\n');
+        report.observations.extend(observations);
     }
-    let path = out.join("report.md");
-    std::fs::write(&path, md).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    report.files.push(path);
+    let mut texts = vec![("report.md", md)];
+    if naming == Naming::Course {
+        let head = format!(
+            "Analysis of {}\n\nTimes are the slowest rank's median; algbw = size / time, busbw = algbw x \
+             2(n-1)/n for all_reduce (nccl-tests' bus bandwidth). Observations are computed from the \
+             numbers.\n\n",
+            sources.join(", ").replace('`', "")
+        );
+        texts.extend([
+            ("full_results.md", full),
+            ("summary_by_config.md", summary),
+            ("analysis.txt", head + &analysis),
+        ]);
+    }
+    for (file, text) in texts {
+        let path = out.join(file);
+        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        report.files.push(path);
+    }
     Ok(report)
+}
+
+/// One line per series (backend, ranks, …): the sizes, the time at the smallest and the
+/// largest, and the peak and mean busbw.
+fn summary_table(series: &[Series]) -> String {
+    let mut t = String::from(
+        "| configuration | sizes | time at smallest (ms) | time at largest (ms) | peak busbw GB/s (at) | mean busbw GB/s |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for s in series {
+        let (Some(first), Some(last)) = (s.points.first(), s.points.last()) else {
+            continue;
+        };
+        let peak = s
+            .points
+            .iter()
+            .max_by(|a, b| a.busbw_gbps.total_cmp(&b.busbw_gbps))
+            .expect("points");
+        let mean = s.points.iter().map(|r| r.busbw_gbps).sum::<f64>() / s.points.len() as f64;
+        let _ = writeln!(
+            t,
+            "| {} | {} to {} ({}) | {:.3} | {:.3} | {:.2} ({}) | {:.2} |",
+            s.label,
+            human_bytes(first.bytes as f64),
+            human_bytes(last.bytes as f64),
+            s.points.len(),
+            first.time_us_median / 1e3,
+            last.time_us_median / 1e3,
+            peak.busbw_gbps,
+            human_bytes(peak.bytes as f64),
+            mean
+        );
+    }
+    t
 }
 
 fn machines_table(rows: &[Row]) -> String {
@@ -314,6 +421,7 @@ fn plots(
     file: &str,
     series: &[Series],
     out: &Path,
+    naming: Naming,
     written: &mut Vec<PathBuf>,
 ) -> Result<Vec<(String, String)>, String> {
     let mut shown = Vec::new();
@@ -351,7 +459,7 @@ fn plots(
         ),
     ];
     for (kind, plot) in &line_plots {
-        let stem = format!("{file}-{kind}");
+        let stem = plot_stem(naming, file, kind);
         let png = out.join(format!("{stem}.png"));
         let svg = out.join(format!("{stem}.svg"));
         draw_lines(
@@ -378,7 +486,7 @@ fn plots(
         })
         .collect();
     if !bars.is_empty() {
-        let stem = format!("{file}-100MB");
+        let stem = plot_stem(naming, file, "100MB");
         let title = format!("{name} at 100 MB: median time by backend and ranks");
         let png = out.join(format!("{stem}.png"));
         let svg = out.join(format!("{stem}.svg"));
