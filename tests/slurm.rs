@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 
 use test_support::backend::{self, Backend, Kind};
 use test_support::build;
+
+/// The one build command, as README.md shows it (and slurm/common.sh tells a job to run).
+const BUILD: &str = "cargo build --release --examples --bins";
 use test_support::grid::{expect_cells, Grid, Rows};
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
@@ -36,6 +39,8 @@ struct Job {
     /// Arguments after the script, passed on to the program.
     args: &'static [&'static str],
     check: fn(&Checked),
+    /// The job must end FAILED (and `check` reads what it said).
+    must_fail: bool,
 }
 
 /// What a finished job left behind.
@@ -52,6 +57,7 @@ fn jobs() -> Vec<Job> {
         Job {
             name: "00-hello-world",
             script: "slurm/00-hello-world.sbatch",
+            must_fail: false,
             needs: &["examples/00-hello-world"],
             options: &[],
             env: &[],
@@ -61,6 +67,7 @@ fn jobs() -> Vec<Job> {
         Job {
             name: "00-hello-world-commrun",
             script: "slurm/00-hello-world.sbatch",
+            must_fail: false,
             needs: &["examples/00-hello-world", "commrun"],
             options: &[],
             env: &[("LAUNCH", "commrun")],
@@ -70,6 +77,7 @@ fn jobs() -> Vec<Job> {
         Job {
             name: "01-broadcast",
             script: "slurm/01-broadcast.sbatch",
+            must_fail: false,
             needs: &["examples/01-broadcast"],
             options: &[],
             env: &[],
@@ -84,6 +92,7 @@ fn jobs() -> Vec<Job> {
         Job {
             name: "02-allreduce",
             script: "slurm/02-allreduce.sbatch",
+            must_fail: false,
             needs: &["examples/02-allreduce"],
             options: &[],
             env: &[],
@@ -94,6 +103,7 @@ fn jobs() -> Vec<Job> {
         Job {
             name: "02-allreduce-2x2-srun",
             script: "slurm/02-allreduce.sbatch",
+            must_fail: false,
             needs: &["examples/02-allreduce"],
             options: &["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2"],
             env: &[],
@@ -114,6 +124,7 @@ fn jobs() -> Vec<Job> {
         Job {
             name: "02-allreduce-2x2-commrun",
             script: "slurm/02-allreduce.sbatch",
+            must_fail: false,
             needs: &["examples/02-allreduce", "commrun"],
             options: &["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2"],
             env: &[("LAUNCH", "commrun")],
@@ -137,6 +148,7 @@ fn jobs() -> Vec<Job> {
         Job {
             name: "03-multinode-2x1",
             script: "slurm/03-multinode-2x1.sbatch",
+            must_fail: false,
             needs: &["examples/03-multinode-gloo-vs-nccl"],
             options: &[],
             env: &[],
@@ -145,13 +157,14 @@ fn jobs() -> Vec<Job> {
                 assert!(c
                     .output
                     .contains("on 2 node(s) (node[1-2]), 1 ranks per node"));
-                assert!(c.output.contains("Rank 0 (cpu): all-reduce 2 MB took "));
+                cpu_line(&c.output, "2 MB");
                 nccl_skipped(c);
             },
         },
         Job {
             name: "03-multinode-2x4",
             script: "slurm/03-multinode-2x4.sbatch",
+            must_fail: false,
             needs: &["examples/03-multinode-gloo-vs-nccl"],
             options: &[],
             env: &[],
@@ -160,13 +173,14 @@ fn jobs() -> Vec<Job> {
                 assert!(c
                     .output
                     .contains("on 2 node(s) (node[1-2]), 4 ranks per node"));
-                assert!(c.output.contains("Rank 0 (cpu): all-reduce 2 MB took "));
+                cpu_line(&c.output, "2 MB");
                 nccl_skipped(c);
             },
         },
         Job {
             name: "04-bench-sweep",
             script: "slurm/04-bench-sweep.sbatch",
+            must_fail: false,
             needs: &["comm-bench"],
             options: &[],
             env: &[
@@ -188,6 +202,7 @@ fn jobs() -> Vec<Job> {
         Job {
             name: "05-nsys-profile",
             script: "slurm/05-nsys-profile.sbatch",
+            must_fail: false,
             needs: &["examples/02-allreduce"],
             options: &[],
             env: &[("NSYS", "@fake-nsys")],
@@ -206,22 +221,128 @@ fn jobs() -> Vec<Job> {
         Job {
             name: "06-ncu-kernel",
             script: "slurm/06-ncu-kernel.sbatch",
+            must_fail: false,
             needs: &["examples/03-multinode-gloo-vs-nccl"],
             options: &[],
-            env: &[("NCU", "@fake-ncu")],
-            args: &["--size-mb", "1", "--iters", "2", "--warmup", "1"],
+            env: &[("NCU", "@fake-ncu"), ("WARMUP", "1"), ("ITERS", "2")],
+            args: &["--size-mb", "1"],
             check: |c| {
-                assert!(c.output.contains("Rank 0 (cpu): all-reduce 1 MB took "));
+                cpu_line(&c.output, "1 MB");
                 let report = std::fs::read_to_string(c.dir.join("rank0.ncu-rep")).unwrap();
-                assert!(report.contains("--kernel-name regex:ncclDevKernel_AllReduce --launch-skip 3 --launch-count 1"), "{report}");
+                assert!(report.contains("--kernel-name regex:ncclDevKernel_AllReduce_Sum_f32 --launch-skip 1 --launch-count 1 --metrics gpu__time_duration.sum,"), "{report}");
+                assert!(
+                    report.contains(" --warmup 1 --iters 2 --size-mb 1"),
+                    "{report}"
+                );
                 assert!(
                     !c.dir.join("rank1.ncu-rep").exists(),
                     "only rank 0 runs under ncu"
                 );
             },
         },
+        // 00 -> 03 in one submission: 00-02 on one node, then 03 on both.
+        Job {
+            name: "00-03-course",
+            script: "slurm/00-03-course.sbatch",
+            must_fail: false,
+            needs: &[
+                "examples/00-hello-world",
+                "examples/01-broadcast",
+                "examples/02-allreduce",
+                "examples/03-multinode-gloo-vs-nccl",
+            ],
+            options: &["--ntasks-per-node=2", "--gres=gpu:2"],
+            env: &[],
+            args: &["--size-mb", "1", "--iters", "2", "--warmup", "1"],
+            check: |c| {
+                let order = [
+                    "== 00-hello-world: 1 node x 2 ranks",
+                    "== 01-broadcast: 1 node x 2 ranks",
+                    "== 02-allreduce: 1 node x 2 ranks",
+                    "== 03-multinode-gloo-vs-nccl: 2 node(s) x 2 ranks",
+                    "== done: 00 -> 03",
+                ];
+                let at: Vec<usize> = order
+                    .iter()
+                    .map(|l| c.output.find(l).unwrap_or_else(|| panic!("no {l:?}")))
+                    .collect();
+                assert!(at.windows(2).all(|w| w[0] < w[1]), "not in order 00 -> 03");
+                hellos(&c.output, 1, 2, "");
+                allreduced(&c.output, 2, 4, "");
+                cpu_line(&c.output, "1 MB");
+            },
+        },
+        // A course's reservation, given the way the scripts document it (sbatch's own variables).
+        Job {
+            name: "00-hello-world-reservation",
+            script: "slurm/00-hello-world.sbatch",
+            must_fail: false,
+            needs: &["examples/00-hello-world"],
+            options: &[],
+            env: &[
+                ("SBATCH_RESERVATION", RESERVATION),
+                ("SBATCH_QOS", "normal"),
+            ],
+            args: &[],
+            check: |c| hellos(&c.output, 1, 4, ""),
+        },
+        // A module the site does not have: the job stops with what module said and what to do.
+        Job {
+            name: "00-hello-world-bad-module",
+            script: "slurm/00-hello-world.sbatch",
+            must_fail: true,
+            needs: &[],
+            options: &[],
+            env: &[("MODULES", "cuda nccl/0.0-not-here")],
+            args: &[],
+            check: |c| {
+                assert!(c
+                    .output
+                    .contains("The following module(s) are unknown: \"nccl/0.0-not-here\""));
+                assert!(c
+                    .output
+                    .contains("error: `module load cuda nccl/0.0-not-here` failed"));
+                assert!(!c.output.contains("Hello from rank"));
+            },
+        },
     ]
 }
+
+/// The reservation the local cluster has while the job that names it runs.
+const RESERVATION: &str = "nccl-course";
+
+/// Submissions Leonardo refuses, refused here too: (sbatch options, environment, what sbatch says).
+/// sbatch options, environment, and what sbatch says when it refuses.
+type Refusal = (
+    &'static [&'static str],
+    &'static [(&'static str, &'static str)],
+    &'static str,
+);
+
+const REFUSED: &[Refusal] = &[
+    // the debug QOS: at most 30 minutes ...
+    (&["--time=00:45:00"], &[], "QOSMaxWallDurationPerJobLimit"),
+    // a QOS Leonardo does not have
+    (&["--qos=no_such_qos"], &[], "Invalid qos specification"),
+    // the partition: at most 24 hours
+    (
+        &["--qos=normal", "--time=25:00:00"],
+        &[],
+        "Requested time limit is invalid",
+    ),
+    // more memory than a node has
+    (
+        &["--mem=600G"],
+        &[],
+        "Memory specification can not be satisfied",
+    ),
+    // a reservation that does not exist
+    (
+        &[],
+        &[("SBATCH_RESERVATION", "no-such-reservation")],
+        "reservation",
+    ),
+];
 
 impl Checked {
     fn job_id(&self) -> u64 {
@@ -255,14 +376,27 @@ fn hellos(output: &str, nodes: usize, per_node: usize, prefix: &str) {
 /// there is no GPU, for the reason `--backend auto` gives; where there are GPUs, because ranks
 /// of different nodes (or more ranks than GPUs) would share a GPU.
 fn nccl_skipped(c: &Checked) {
-    let skipped = match c.machine.kind {
-        Kind::Cpu => format!(
-            "Rank 0 (nccl): skipped: NCCL cannot run here: {}",
-            c.machine.reason
-        ),
-        Kind::Nccl => "Rank 0 (nccl): skipped: ".to_string(),
-    };
-    assert!(c.output.contains(&skipped), "{skipped:?}");
+    // Example 03 labels its parts `(nccl)` today and `(NCCL)` once rewritten: either.
+    let found = ["nccl", "NCCL"].iter().any(|label| {
+        let skipped = match c.machine.kind {
+            Kind::Cpu => format!(
+                "Rank 0 ({label}): skipped: NCCL cannot run here: {}",
+                c.machine.reason
+            ),
+            Kind::Nccl => format!("Rank 0 ({label}): skipped: "),
+        };
+        c.output.contains(&skipped)
+    });
+    assert!(found, "no 'Rank 0 (nccl|NCCL): skipped: ...' line");
+}
+
+/// Example 03's CPU timing line: `Rank 0 (cpu): all-reduce SIZE took` today, `Rank 0 (Gloo): …`
+/// once example 03 is rewritten; either is accepted until then.
+fn cpu_line(output: &str, size: &str) {
+    let found = ["cpu", "Gloo"]
+        .iter()
+        .any(|label| output.contains(&format!("Rank 0 ({label}): all-reduce {size} took ")));
+    assert!(found, "no 'Rank 0 (cpu|Gloo): all-reduce {size} took' line");
 }
 
 fn allreduced(output: &str, n: usize, len: usize, prefix: &str) {
@@ -328,6 +462,12 @@ impl Cluster {
             .env("LOCAL_SLURM_CPUS", "32")
             .env("LOCAL_SLURM_GPUS", "4")
             .env("LOCAL_SLURM_PARTITION", "boost_usr_prod")
+            // Leonardo's Booster: 24 h per job on the partition, the debug QOS 2 nodes for
+            // 30 minutes, about 494 GB per node, modules `cuda` and `nccl`.
+            .env("LOCAL_SLURM_MAXTIME", "24:00:00")
+            .env("LOCAL_SLURM_MEM", "494000")
+            .env("LOCAL_SLURM_QOS", "normal:64:0 boost_qos_dbg:2:30")
+            .env("LOCAL_SLURM_MODULES", "cuda nccl")
             .stdin(Stdio::null())
             .output()
             .unwrap();
@@ -343,10 +483,12 @@ impl Cluster {
         let mut command = Command::new(program);
         command
             .env("SLURM_CONF", &self.conf)
+            // The cluster's `module` stand-in first, as env.sh puts it.
             .env(
                 "PATH",
                 format!(
-                    "{}:/usr/sbin:/sbin",
+                    "{}:{}:/usr/sbin:/sbin",
+                    self.dir.join("bin").display(),
                     std::env::var("PATH").unwrap_or_default()
                 ),
             )
@@ -368,6 +510,28 @@ impl Cluster {
                 .map(str::to_string)
         };
         Some((field("JobState=")?, field("ExitCode=")?))
+    }
+
+    /// A reservation of both nodes for root, as a course has one for its users.
+    fn reserve(&self, name: &str) {
+        let out = self
+            .command("scontrol")
+            .args(["create", "reservation", &format!("reservationname={name}")])
+            .args(["starttime=now", "duration=60", "nodes=ALL", "users=root"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "scontrol create reservation: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn unreserve(&self, name: &str) {
+        let _ = self
+            .command("scontrol")
+            .args(["delete", &format!("reservationname={name}")])
+            .output();
     }
 
     fn logs(&self) -> String {
@@ -403,13 +567,34 @@ fn free_port() -> u16 {
     comm_core::spawn::free_port().unwrap()
 }
 
-/// Builds (or brings up to date) what a job runs, `needs` naming it under BIN_DIR.
-fn build_need(need: &str) -> PathBuf {
-    match need.strip_prefix("examples/") {
-        Some(example) => build::example(example),
-        None if matches!(need, "commrun" | "comm-bench") => build::binary(need, need),
-        None => panic!("no rule to build {need}: add one to build_need"),
-    }
+/// Runs README.md's build command, as a user would before submitting, in this test's target
+/// folder; returns where it puts the binaries (`target/release`, the scripts' default BIN_DIR).
+fn build_as_the_readme_says() -> PathBuf {
+    let readme = std::fs::read_to_string(Path::new(REPO).join("README.md")).unwrap();
+    assert!(
+        readme.contains(&format!("\n{BUILD}\n")),
+        "README.md does not show `{BUILD}`"
+    );
+    let common = std::fs::read_to_string(Path::new(REPO).join("slurm/common.sh")).unwrap();
+    assert!(
+        common.contains(&format!("BUILD_COMMAND=\"{BUILD}\"")),
+        "slurm/common.sh tells jobs another build command than `{BUILD}`"
+    );
+    let target = build::profile_dir()
+        .parent()
+        .expect("the target folder")
+        .to_path_buf();
+    let mut words = BUILD.split_whitespace();
+    assert_eq!(words.next(), Some("cargo"));
+    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cargo
+        .args(words)
+        .arg("--quiet")
+        .env("CARGO_TARGET_DIR", &target)
+        .current_dir(REPO);
+    let status = cargo.status().unwrap();
+    assert!(status.success(), "{cargo:?} failed");
+    target.join("release")
 }
 
 /// A stand-in for `nsys profile [OPTIONS] PROGRAM ARGS…`.
@@ -440,15 +625,18 @@ exec "$@"
 const FAKE_NCU: &str = r#"#!/bin/bash
 args="$*"
 out=report
+log=""
 while [[ $# -gt 0 && $1 == -* ]]; do
     case $1 in
     --export) out=$2; shift ;;
+    --log-file) log=$2; shift ;;
     --force-overwrite | --target-processes) [[ $1 == --target-processes ]] && shift ;;
     *) shift ;;
     esac
     shift
 done
 echo "$args" >"$out.ncu-rep"
+[[ -z $log ]] || echo '==PROF== Profiling "ncclDevKernel_AllReduce_Sum_f32_RING_LL" - 0: 0%....50%....100% - 1 pass' >"$log"
 exec "$@"
 "#;
 
@@ -461,14 +649,26 @@ fn slurm_scripts_run_on_a_real_slurm() {
         return;
     }
     let started = Instant::now();
-    let bin = build::profile_dir();
     let jobs = jobs();
-    for job in &jobs {
-        for need in job.needs {
-            assert_eq!(build_need(need), bin.join(need));
+    // Every script of slurm/ is submitted here.
+    for entry in std::fs::read_dir(Path::new(REPO).join("slurm")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".sbatch") {
+            let script = format!("slurm/{name}");
+            assert!(
+                jobs.iter().any(|j| j.script == script),
+                "{script} has no Job in tests/slurm.rs"
+            );
         }
     }
-    let machine = backend::on_this_machine(&build::example("00-hello-world"), &[]);
+    let bin = build_as_the_readme_says();
+    for job in &jobs {
+        for need in job.needs {
+            let path = bin.join(need);
+            assert!(path.is_file(), "`{BUILD}` built no {}", path.display());
+        }
+    }
+    let machine = backend::on_this_machine(&bin.join("examples/00-hello-world"), &[]);
     // Short: munge's socket path must stay under 100 characters.
     let root = PathBuf::from(format!("/tmp/nccl-slurm-{}", std::process::id()));
     let cluster = Cluster::start(&root.join("cluster"));
@@ -493,7 +693,6 @@ fn slurm_scripts_run_on_a_real_slurm() {
             .env_remove("MASTER_ADDR")
             .env_remove("MASTER_PORT")
             .env("BACKEND", "cpu")
-            .env("BIN_DIR", &bin)
             .env("OUT_DIR", &dir)
             .env("SBATCH_ACCOUNT", "nccl-workshop-tests")
             .arg("--parsable")
@@ -501,6 +700,18 @@ fn slurm_scripts_run_on_a_real_slurm() {
             .args(job.options)
             .arg(job.script)
             .args(job.args);
+        // The scripts' default BIN_DIR is $SLURM_SUBMIT_DIR/target/release: set only if cargo
+        // builds elsewhere (CARGO_TARGET_DIR).
+        if bin != Path::new(REPO).join("target/release") {
+            sbatch.env("BIN_DIR", &bin);
+        }
+        if job
+            .env
+            .iter()
+            .any(|(name, _)| *name == "SBATCH_RESERVATION")
+        {
+            cluster.reserve(RESERVATION);
+        }
         for (name, value) in job.env {
             match *value {
                 "@fake-nsys" => sbatch.env(name, &fake_nsys),
@@ -541,8 +752,20 @@ fn slurm_scripts_run_on_a_real_slurm() {
             }
         };
         let output = std::fs::read_to_string(&output_file).unwrap_or_default();
+        if job
+            .env
+            .iter()
+            .any(|(name, _)| *name == "SBATCH_RESERVATION")
+        {
+            cluster.unreserve(RESERVATION);
+        }
+        let ok = if job.must_fail {
+            state == "FAILED"
+        } else {
+            state == "COMPLETED" && exit == "0:0"
+        };
         assert!(
-            state == "COMPLETED" && exit == "0:0",
+            ok,
             "job {} ({id}, {}): {state}, exit {exit}; its output:\n{output}\n{}",
             job.name,
             job.script,
@@ -564,6 +787,50 @@ fn slurm_scripts_run_on_a_real_slurm() {
         }
         ran.push(job.name);
     }
+    // What Leonardo refuses is refused here, at submission.
+    for (options, env, says) in REFUSED {
+        let mut sbatch = cluster.command("sbatch");
+        sbatch
+            .current_dir(REPO)
+            .env("SBATCH_ACCOUNT", "nccl-workshop-tests")
+            .envs(env.iter().copied())
+            .arg("--parsable")
+            .args(*options)
+            .arg("slurm/02-allreduce.sbatch");
+        let out = sbatch.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(says),
+            "sbatch {options:?} {env:?} slurm/02-allreduce.sbatch: expected a refusal saying {says:?}, got: {}{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    // GRES binding as on Leonardo: --gpus-per-task=1 gives each task one entry of
+    // CUDA_VISIBLE_DEVICES (where mknod works: the GPUs are stand-in devices).
+    let out = cluster
+        .command("srun")
+        .args([
+            "-N1",
+            "-n4",
+            "--gpus-per-task=1",
+            "--qos=boost_qos_dbg",
+            "-t",
+            "1",
+        ])
+        .args([
+            "bash",
+            "-c",
+            "echo \"$SLURM_PROCID=${CUDA_VISIBLE_DEVICES-unset}\"",
+        ])
+        .output()
+        .unwrap();
+    let mut seen: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    seen.sort();
+    assert_eq!(seen, ["0=0", "1=1", "2=2", "3=3"], "--gpus-per-task=1");
+    ran.push("refusals and GPU binding");
     drop(cluster);
     let _ = std::fs::remove_dir_all(&root);
     say(&format!(
