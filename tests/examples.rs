@@ -26,12 +26,11 @@ fn run(name: &str, args: &[&str]) -> Output {
     output
 }
 
-/// The grid under `title`. Each rank prints its own lines ("Rank 2 using device: cpu:2") from its
-/// own process; the parent relays whole lines but cannot order the lines of different processes,
-/// so one may land inside rank 0's grid, as a user can see too (the book's check sets them aside
-/// as well). Rows must still come in rank order with the right cells.
+/// The grid under `title`, rows in rank order, nothing else between its lines: the ranks share
+/// one stdout, so a rank's own line ("Rank 2 using device: cpu:2"), printed before it sent its
+/// row, comes before rank 0's grid.
 fn grid(stdout: &str, title: &str) -> Rows {
-    Grid::titled(title).amid_other_output().read(stdout)
+    Grid::titled(title).read(stdout)
 }
 
 /// What `--backend auto` picks on this machine: the tests expect that, not a machine without GPUs.
@@ -84,9 +83,14 @@ fn broadcast_copies_rank_zeros_42s_everywhere() {
         let out = run("01-broadcast", &["-n", &n.to_string()]);
         let stdout = String::from_utf8(out.stdout).unwrap();
         assert_eq!(Backend::first_line_of(&stdout), *this_machine(), "{stdout}");
+        let first_grid = stdout.find("Before broadcast:").expect("a grid");
         for rank in 0..n {
             let line = format!("Rank {rank} using device: {}\n", device(rank));
-            assert!(stdout.contains(&line), "{line:?} in\n{stdout}");
+            let at = stdout.find(&line);
+            assert!(
+                at.is_some_and(|at| at < first_grid),
+                "{line:?} before the first grid in\n{stdout}"
+            );
         }
         let before = grid(&stdout, "Before broadcast:");
         expect_cells(&before, n, 4, |rank| if rank == 0 { "42" } else { "0" });

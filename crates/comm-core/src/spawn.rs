@@ -1,7 +1,9 @@
 //! Self-spawn: start one process per local rank, as torch.multiprocessing.spawn and torchrun do.
-//! Each child is this same program with torchrun's variables set. The parent relays their
-//! output line by line (never a torn line), forwards Ctrl-C, and when one rank fails stops the
-//! others (SIGTERM, then SIGKILL after a grace period) and exits with that rank's status.
+//! Each child is this same program with torchrun's variables set. The parent relays their stderr
+//! (and, when lines are labelled `[rank]: `, their stdout) line by line, never a torn line;
+//! unlabelled stdout is shared, so it keeps the order the ranks wrote in. It forwards Ctrl-C, and
+//! when one rank fails stops the others (SIGTERM, then SIGKILL after a grace period) and exits
+//! with that rank's status.
 //!
 //! Each rank leads a process group of its own, as torchrun's workers do: stopping a rank (on a
 //! failure, or passing on Ctrl-C) signals its whole group, so the processes a rank started go
@@ -103,7 +105,8 @@ pub struct SpawnPlan {
     pub master_addr: String,
     /// The store's port, passed to the ranks as MASTER_PORT.
     pub master_port: u16,
-    /// Prefix each relayed line with `[rank]: `.
+    /// Prefix each relayed line with `[rank]: ` (commrun's default). Without it the ranks'
+    /// stdout is this process's own, so lines keep the order the ranks wrote them in.
     pub prefix_output: bool,
     /// Time between SIGTERM and SIGKILL when stopping ranks.
     pub grace: Duration,
@@ -282,7 +285,15 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
             .envs(topology.worker_env())
             .env_remove(ERROR_FILE_ENV)
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
+            .stdout(match plan.prefix_output {
+                true => Stdio::piped(),
+                // Unlabelled, the ranks write straight to our stdout: one file, so the kernel
+                // keeps their lines in the order they were written, and a rank's line printed
+                // before it sent its row comes before rank 0's grid. (Through a relay per rank
+                // that order is lost.) A line longer than a pipe's atomic write (4 KiB) could
+                // interleave with another rank's; the course's lines are short.
+                false => Stdio::inherit(),
+            })
             .stderr(Stdio::piped());
         if let Some(records) = &records {
             command.env(ERROR_FILE_ENV, records.file(rank));
@@ -316,13 +327,9 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
         pids.push(child.id());
         let prefix = plan.prefix_output.then(|| format!("[{rank}]: "));
         let tail = Arc::new(Mutex::new(VecDeque::new()));
-        relays.push(relay(
-            child.stdout.take().unwrap(),
-            prefix.clone(),
-            false,
-            out_lock.clone(),
-            None,
-        ));
+        if let Some(stdout) = child.stdout.take() {
+            relays.push(relay(stdout, prefix.clone(), false, out_lock.clone(), None));
+        }
         relays.push(relay(
             child.stderr.take().unwrap(),
             prefix,
