@@ -84,17 +84,17 @@ pub struct ReportArgs {
 /// The course's three measurements, one flag each; explicit flags override a preset's values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Preset {
-    /// The profiler (seeds/002): all_reduce, all_gather and reduce_scatter of 1M, 4M and 16M
+    /// The course's micro-profiler: all_reduce, all_gather and reduce_scatter of 1M, 4M and 16M
     /// floats (4, 16 and 64 MiB). After the tables it prints the course's lines (`AllReduce:
     /// 0.090 ms | AlgBW: … | BusBW: …`) and writes them to
     /// profile_{backend}_world{N}_{timestamp}.txt in --out-dir.
     Profiler,
-    /// The all-reduce benchmark (seeds/004): 1 MB, 10 MB, 100 MB and 1 GB, in place, on 2, 4 and 6
+    /// The course's all-reduce benchmark: 1 MB, 10 MB, 100 MB and 1 GB, in place, on 2, 4 and 6
     /// ranks (capped by the GPUs on NCCL and by this machine's memory). Writes the course's files
     /// into --out-dir: the CSVs, the time, bandwidth and 100 MB plots, full_results.md,
     /// summary_by_config.md and analysis.txt.
     AllreduceSweep,
-    /// Gloo vs NCCL (seeds/000): a 100 MB all-reduce on 2 ranks, on the CPU backend and on NCCL
+    /// The course's Gloo vs NCCL timing: a 100 MB all-reduce on 2 ranks, on the CPU backend and on NCCL
     /// (where it can run).
     CpuVsNccl,
 }
