@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 
 use test_support::backend::{self, Kind};
 use test_support::build::example;
+use test_support::process::Plainly;
 
 const CHECKED: &str = "<!-- output: ";
 const ILLUSTRATIVE: &str = "<!-- output-illustrative: ";
@@ -158,8 +159,7 @@ fn run(command: &str) -> String {
     let book = as_in_the_book();
     let output = Command::new(example(name))
         .args(args)
-        .env_remove("RANK")
-        .env_remove("SLURM_PROCID")
+        .plainly()
         .envs(book.envs.iter().copied())
         .output()
         .unwrap();

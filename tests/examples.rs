@@ -8,13 +8,12 @@ use std::time::Duration;
 use test_support::backend::{self, Backend, Kind};
 use test_support::build::example;
 use test_support::grid::{expect_cells, Grid, Rows};
-use test_support::process::run_together;
+use test_support::process::{run_together, Plainly};
 
 fn run(name: &str, args: &[&str]) -> Output {
     let output = Command::new(example(name))
         .args(args)
-        .env_remove("RANK")
-        .env_remove("SLURM_PROCID")
+        .plainly()
         .output()
         .unwrap();
     assert!(
@@ -130,10 +129,7 @@ fn allreduce_sums_ones_to_the_world_size() {
 /// Runs an example that must fail; returns its exit code and stderr.
 fn fails_with_code(name: &str, args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String) {
     let mut command = Command::new(example(name));
-    command
-        .args(args)
-        .env_remove("RANK")
-        .env_remove("SLURM_PROCID");
+    command.args(args).plainly();
     for (k, v) in envs {
         command.env(k, v);
     }
@@ -330,8 +326,7 @@ fn gloo_vs_nccl_across_two_launchers_as_two_nodes() {
                 .args(["--master-port", &port, "--no-prefix"])
                 .arg(&example)
                 .args(QUICK)
-                .env_remove("RANK")
-                .env_remove("SLURM_PROCID");
+                .plainly();
             c
         })
         .collect();
@@ -368,8 +363,7 @@ fn gloo_vs_nccl_started_by_hand_with_the_courses_flags() {
             c.args([flags[0], "2", "--rank", &rank.to_string()])
                 .args([flags[1], "127.0.0.1", flags[2], &port])
                 .args(QUICK)
-                .env_remove("RANK")
-                .env_remove("SLURM_PROCID");
+                .plainly();
             c
         })
         .collect();

@@ -5,14 +5,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use test_support::build::example;
-use test_support::process::start;
+use test_support::process::{start, Plainly};
 
 fn run(name: &str, args: &[&str]) -> test_support::process::Finished {
     let mut c = Command::new(example(name));
-    c.args(args)
-        .env_remove("RANK")
-        .env_remove("SLURM_PROCID")
-        .env_remove("SLURM_STEP_ID");
+    c.args(args).plainly();
     start(&mut c).finish(Duration::from_secs(120))
 }
 

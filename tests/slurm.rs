@@ -23,6 +23,7 @@ use test_support::build;
 /// The one build command, as README.md shows it (and slurm/common.sh tells a job to run).
 const BUILD: &str = "cargo build --release --examples --bins";
 use test_support::grid::{expect_cells, Grid, Rows};
+use test_support::process::Plainly;
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -689,9 +690,7 @@ fn slurm_scripts_run_on_a_real_slurm() {
         let mut sbatch = cluster.command("sbatch");
         sbatch
             .current_dir(REPO)
-            .env_remove("RANK")
-            .env_remove("MASTER_ADDR")
-            .env_remove("MASTER_PORT")
+            .plainly()
             .env("BACKEND", "cpu")
             .env("OUT_DIR", &dir)
             .env("SBATCH_ACCOUNT", "nccl-workshop-tests")

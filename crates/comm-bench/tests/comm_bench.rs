@@ -7,27 +7,11 @@ use std::time::Duration;
 
 use comm_bench::record::{self, Row};
 use comm_core::Collective;
-use test_support::process::{run_together, scratch};
-
-/// A launcher's variables, removed so that comm-bench starts its own ranks.
-const LAUNCHER_VARS: [&str; 10] = [
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "SLURM_PROCID",
-    "SLURM_STEP_ID",
-    "SLURM_NTASKS",
-];
+use test_support::process::{run_together, scratch, Plainly};
 
 fn comm_bench() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_comm-bench"));
-    for v in LAUNCHER_VARS {
-        c.env_remove(v);
-    }
+    c.plainly();
     c
 }
 
@@ -507,9 +491,7 @@ fn the_pytorch_comparison_script_runs_where_torch_is() {
         .envs([("BACKEND", "cpu"), ("SIZE_MB", "1"), ("ITERS", "3")])
         .env("PYTHON", python)
         .env("BIN_DIR", bin_dir);
-    for v in LAUNCHER_VARS {
-        script.env_remove(v);
-    }
+    script.plainly();
     let out = script.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -6,28 +6,12 @@
 use std::path::Path;
 use std::process::Command;
 
-use test_support::process::scratch;
-
-/// A launcher's variables, removed so that comm-bench starts its own ranks.
-const LAUNCHER_VARS: [&str; 10] = [
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "SLURM_PROCID",
-    "SLURM_STEP_ID",
-    "SLURM_NTASKS",
-];
+use test_support::process::{scratch, Plainly};
 
 /// Runs comm-bench in `cwd`; (success, stdout, stderr).
 fn run_in(cwd: &Path, args: &[&str]) -> (bool, String, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_comm-bench"));
-    for v in LAUNCHER_VARS {
-        c.env_remove(v);
-    }
+    c.plainly();
     let out = c
         .current_dir(cwd)
         .args(args)

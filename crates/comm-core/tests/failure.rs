@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use comm_core::launch::{run_to_code, LaunchArgs};
 use comm_core::{BackendChoice, ReduceOp};
-use test_support::process::{assert_all_gone, scratch, start, wait_for_pid_files, Running};
+use test_support::process::{
+    assert_all_gone, scratch, start, wait_for_pid_files, Plainly, Running,
+};
 
 /// What a rank does in each scenario, with its pid recorded in `PID_DIR`.
 fn as_rank(scenario: &str) -> ! {
@@ -49,8 +51,7 @@ fn job(test: &str, scenario: &str, timeout: &str, dir: &Path) -> Command {
         .env("SCENARIO", scenario)
         .env("JOB_TIMEOUT", timeout)
         .env("PID_DIR", dir)
-        .env_remove("RANK")
-        .env_remove("SLURM_PROCID");
+        .plainly();
     command
 }
 

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use test_support::build;
+use test_support::process::Plainly;
 
 /// The folder of the example binaries gpu-check.sh runs (the root package's and comm-core's),
 /// brought up to date: a stale one would check old code.
@@ -27,7 +28,7 @@ fn the_gpu_check_script_passes_on_the_cpu_backend() {
         .env("BACKEND", "cpu")
         .env("GPUS", "3")
         .env("BIN_DIR", examples_dir())
-        .env_remove("RANK")
+        .plainly()
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -49,7 +50,7 @@ fn the_gpu_check_script_passes_on_the_cpu_backend() {
 fn collective_check_reports_every_collective() {
     let output = Command::new(build::package_example("comm-core", "collective-check"))
         .args(["--backend", "cpu", "-n", "2", "--lens", "0,5"])
-        .env_remove("RANK")
+        .plainly()
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use comm_core::spawn::{self, Outcome, SpawnPlan, LINE_CAP};
 use comm_core::topology::{expand_nodelist, first_host, Topology};
-use test_support::process::{assert_all_gone, scratch, start, wait_for_pid_files};
+use test_support::process::{assert_all_gone, scratch, start, wait_for_pid_files, Plainly};
 
 const ROLE: &str = "PROCESS_TREE_ROLE";
 const SCRIPT: &str = "PROCESS_TREE_SCRIPT";
@@ -52,8 +52,7 @@ fn parent(test: &str, nproc: usize, script: &str) -> Command {
     c.args([test, "--exact", "--nocapture", "--test-threads=1"])
         .env(ROLE, nproc.to_string())
         .env(SCRIPT, script)
-        .env_remove("RANK")
-        .env_remove("SLURM_PROCID");
+        .plainly();
     c
 }
 

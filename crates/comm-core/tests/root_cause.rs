@@ -11,6 +11,7 @@ use comm_core::launch::{run_to_code, LaunchArgs};
 use comm_core::spawn::{self, Outcome, SpawnPlan};
 use comm_core::store::{Store, StoreServer};
 use comm_core::{BackendChoice, CommError, ReduceOp};
+use test_support::process::Plainly;
 
 fn client(server: &StoreServer, rank: usize, world: usize, timeout_ms: u64) -> Store {
     let timeout = Duration::from_millis(timeout_ms);
@@ -135,9 +136,7 @@ fn spawn_takes_the_root_cause_from_the_records() {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
         .env("ROOT_CAUSE_ROLE", "parent")
-        .env_remove("RANK")
-        .env_remove("SLURM_PROCID")
-        .env_remove("TORCHELASTIC_ERROR_FILE")
+        .plainly()
         .stdin(Stdio::null())
         .output()
         .unwrap();

@@ -15,7 +15,7 @@ use comm_core::launch::{run_to_code, LaunchArgs};
 use test_support::build::example;
 use test_support::grid::Grid;
 use test_support::process::{
-    assert_all_gone, scratch, start, wait_for_pid_files, Finished, Running,
+    assert_all_gone, scratch, start, wait_for_pid_files, Finished, Plainly, Running,
 };
 
 const COMMRUN: &str = env!("CARGO_BIN_EXE_commrun");
@@ -24,9 +24,7 @@ fn commrun(args: &[&str]) -> Command {
     let mut command = Command::new(COMMRUN);
     command
         .args(args)
-        .env_remove("RANK")
-        .env_remove("SLURM_PROCID")
-        .env_remove("SLURM_STEP_ID")
+        .plainly()
         .env_remove("OMP_NUM_THREADS")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

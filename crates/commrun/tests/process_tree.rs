@@ -4,18 +4,13 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use test_support::process::{assert_all_gone, scratch, start, wait_for_pid_files};
+use test_support::process::{assert_all_gone, scratch, start, wait_for_pid_files, Plainly};
 
 const COMMRUN: &str = env!("CARGO_BIN_EXE_commrun");
 
 fn commrun(args: &[&str]) -> Command {
     let mut command = Command::new(COMMRUN);
-    command
-        .args(args)
-        .env_remove("RANK")
-        .env_remove("SLURM_PROCID")
-        .env_remove("SLURM_STEP_ID")
-        .stdin(Stdio::null());
+    command.args(args).plainly().stdin(Stdio::null());
     command
 }
 

@@ -2,6 +2,7 @@
 //! tests assert what holds on the machine they run on (CPU only, or GPUs with NCCL) instead of
 //! assuming one.
 
+use crate::process::Plainly;
 use std::path::Path;
 use std::process::Command;
 
@@ -75,15 +76,7 @@ pub fn on_this_machine(program: &Path, envs: &[(&str, &str)]) -> Backend {
     command
         .args(["-n", "1", "--backend", "auto", "--timeout", "60"])
         .envs(envs.iter().copied());
-    for launcher_var in [
-        "RANK",
-        "WORLD_SIZE",
-        "SLURM_PROCID",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    ] {
-        command.env_remove(launcher_var);
-    }
+    command.plainly();
     let output = command
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));

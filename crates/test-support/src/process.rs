@@ -54,6 +54,38 @@ impl Finished {
     }
 }
 
+/// The variables a launcher (torchrun, commrun, srun) gives its workers. A program the tests
+/// start must not inherit them from whatever launched the tests: it would believe itself a rank.
+pub const LAUNCHER_VARS: [&str; 12] = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_PROCID",
+    "SLURM_STEP_ID",
+    "SLURM_NTASKS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE",
+];
+
+/// Starting a program plainly, as a user types it: without the launcher's variables.
+pub trait Plainly {
+    /// Removes [`LAUNCHER_VARS`] from the command's environment.
+    fn plainly(&mut self) -> &mut Self;
+}
+
+impl Plainly for Command {
+    fn plainly(&mut self) -> &mut Self {
+        for var in LAUNCHER_VARS {
+            self.env_remove(var);
+        }
+        self
+    }
+}
+
 /// Starts `command` in a process group of its own, stdin empty, stdout and stderr collected.
 pub fn start(command: &mut Command) -> Running {
     let what = format!("{command:?}");
