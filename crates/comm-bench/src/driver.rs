@@ -454,14 +454,7 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
 /// Host memory each rank may use on this node: 3/4 of MemAvailable shared by its ranks, the
 /// smallest over all nodes (so every rank skips the same sizes).
 fn memory_budget(comm: &Communicator, local_ranks: usize) -> comm_core::Result<u64> {
-    let available = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(i64::MAX as u64, |kb| kb * 1024);
+    let available = comm_core::memory::available().unwrap_or(i64::MAX as u64);
     let mine = (available / 4 * 3 / local_ranks.max(1) as u64).min(i64::MAX as u64) as i64;
     let mut budget = comm.buffer(&[mine])?;
     comm.all_reduce(&mut budget, ReduceOp::Min)?;

@@ -42,75 +42,6 @@ impl<T: Element> Buffer<T> {
     }
 }
 
-/// Host memory below which a buffer is not checked against MemAvailable (reading it costs more
-/// than such a buffer).
-const UNCHECKED_BYTES: u64 = 64 << 20;
-
-/// Refuses, as a usage error, `copies` host copies of `len` elements of `T` that cannot fit: more
-/// bytes than the machine addresses, or more than this rank's share of MemAvailable (divided
-/// among the node's ranks). Nothing is allocated.
-fn check_fits<T: Element>(len: usize, copies: u64) -> Result<()> {
-    let what = || format!("a buffer of {len} {} elements", std::any::type_name::<T>());
-    let need = (len as u64)
-        .checked_mul(std::mem::size_of::<T>() as u64)
-        .and_then(|b| b.checked_mul(copies))
-        .filter(|&b| b <= isize::MAX as u64)
-        .ok_or_else(|| {
-            CommError::Usage(format!("{}: more bytes than memory can address", what()))
-        })?;
-    if need <= UNCHECKED_BYTES {
-        return Ok(());
-    }
-    let Some(available) = mem_available() else {
-        return Ok(());
-    };
-    let ranks = crate::topology::local_ranks_from_env() as u64;
-    let share = available / ranks;
-    if need > share {
-        let ranks_text = match ranks {
-            1 => String::new(),
-            n => format!(", {} for each of its {n} ranks", human_bytes(share)),
-        };
-        return Err(CommError::Usage(format!(
-            "{} needs {} of host memory on this rank, but this node has {} available \
-             (MemAvailable){ranks_text}: ask for fewer elements",
-            what(),
-            human_bytes(need),
-            human_bytes(available),
-        )));
-    }
-    Ok(())
-}
-
-/// MemAvailable from /proc/meminfo, in bytes; None where there is none.
-fn mem_available() -> Option<u64> {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()?
-        .lines()
-        .find(|l| l.starts_with("MemAvailable:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse::<u64>()
-        .ok()?
-        .checked_mul(1024)
-}
-
-/// Bytes in binary units, e.g. `3.7 TiB`.
-fn human_bytes(bytes: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < units.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", units[unit])
-    }
-}
-
 fn wrong_kind() -> CommError {
     CommError::Usage("this buffer belongs to a communicator of another backend".into())
 }
@@ -248,7 +179,7 @@ impl Communicator {
     pub fn buffer<T: Element>(&self, values: &[T]) -> Result<Buffer<T>> {
         let repr = match &self.engine {
             Engine::Cpu(_) => {
-                check_fits::<T>(values.len(), 1)?;
+                crate::memory::check_fits::<T>(values.len(), 1)?;
                 Repr::Host(values.to_vec())
             }
             Engine::Nccl(nccl) => Repr::Device(nccl.upload(values)?),
@@ -266,14 +197,14 @@ impl Communicator {
             Engine::Cpu(_) => 2,
             Engine::Nccl(_) => 1,
         };
-        check_fits::<T>(len, copies)?;
+        crate::memory::check_fits::<T>(len, copies)?;
         self.buffer(&vec![value; len])
     }
 
     /// A buffer of `len` zeros on the device, checked as [`filled`](Self::filled) is (the
     /// zeros on the host are pages the kernel maps on demand: only the buffer counts).
     pub fn zeros<T: Element>(&self, len: usize) -> Result<Buffer<T>> {
-        check_fits::<T>(len, 1)?;
+        crate::memory::check_fits::<T>(len, 1)?;
         self.buffer(&vec![T::default(); len])
     }
 

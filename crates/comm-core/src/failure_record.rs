@@ -72,17 +72,22 @@ pub struct ExtraInfo {
     pub py_callstack: String,
 }
 
+/// Now, in microseconds since the Unix epoch: when a failure happened, to tell the earliest.
+pub(crate) fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 impl ErrorRecord {
     /// The record of `error` on `rank`, stamped now.
     pub fn new(rank: usize, error: &CommError) -> ErrorRecord {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
+        let now_us = unix_us();
         ErrorRecord {
             message: TorchMessage {
                 message: error.to_string(),
                 extra_info: ExtraInfo {
-                    timestamp: now.as_secs().to_string(),
+                    timestamp: (now_us / 1_000_000).to_string(),
                     py_callstack: String::new(),
                 },
             },
@@ -91,7 +96,7 @@ impl ErrorRecord {
             blamed_rank: error.blamed_rank(),
             missing_ranks: error.missing_ranks().to_vec(),
             store_endpoint: error.lost_store().map(str::to_string),
-            at_unix_us: Some(now.as_micros() as u64),
+            at_unix_us: Some(now_us),
         }
     }
 

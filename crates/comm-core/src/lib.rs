@@ -18,6 +18,7 @@ pub mod failure_record;
 pub mod grid;
 pub mod job;
 pub mod launch;
+pub mod memory;
 pub mod profile;
 pub mod spawn;
 pub mod store;

@@ -21,10 +21,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::error::{CommError, Result};
-use crate::failure_record::{ErrorRecord, ERROR_FILE_ENV};
+use crate::failure_record::{unix_us, ErrorRecord, ERROR_FILE_ENV};
 use crate::topology::{Launcher, Topology};
 
 /// How many of a failed rank's last stderr lines the summary shows.
@@ -502,13 +502,6 @@ fn root_cause(failed: &[FailedRank]) -> usize {
             }
         }
     }
-}
-
-/// Now, in microseconds since the Unix epoch.
-fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// The directory of this launch's error records, one file per rank; removed when dropped.
