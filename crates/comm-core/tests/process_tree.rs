@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use comm_core::spawn::{self, Outcome, SpawnPlan, LINE_CAP};
 use comm_core::topology::{expand_nodelist, first_host, Topology};
-use test_support::process::{assert_all_gone, scratch, start, wait_for_pid_files, Plainly};
+use test_support::process::{assert_all_gone, scratch, start, wait_for_pids_in, Plainly};
 
 const ROLE: &str = "PROCESS_TREE_ROLE";
 const SCRIPT: &str = "PROCESS_TREE_SCRIPT";
@@ -80,18 +80,10 @@ fn a_failing_rank_takes_its_grandchildren_along() {
         2,
         &script,
     ));
-    let mut pids = wait_for_pid_files(&dir, 0..2, Duration::from_secs(30));
+    // The ranks' grandchildren (0, 1) and the ranks themselves (w0, w1).
+    let pids = wait_for_pids_in(&dir, &["0", "1", "w0", "w1"], Duration::from_secs(30));
     let done = job.finish(Duration::from_secs(60));
     assert_eq!(done.code_or_signal(), 3, "{}\n{}", done.stdout, done.stderr);
-    for w in ["w0", "w1"] {
-        pids.push(
-            std::fs::read_to_string(dir.join(w))
-                .unwrap()
-                .trim()
-                .parse()
-                .unwrap(),
-        );
-    }
     assert_all_gone(&pids);
     eprintln!(
         "failing rank with grandchildren: done in {:?}",

@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use test_support::process::{assert_all_gone, scratch, start, wait_for_pid_files, Plainly};
+use test_support::process::{assert_all_gone, scratch, start, wait_for_pids_in, Plainly};
 
 const COMMRUN: &str = env!("CARGO_BIN_EXE_commrun");
 
@@ -24,18 +24,9 @@ fn script(dir: &std::path::Path, then: &str) -> String {
     )
 }
 
+/// The grandchildren's pids (files 0, 1) and the workers' (w0, w1).
 fn pids(dir: &std::path::Path) -> Vec<i32> {
-    let mut pids = wait_for_pid_files(dir, 0..2, Duration::from_secs(30));
-    for w in ["w0", "w1"] {
-        pids.push(
-            std::fs::read_to_string(dir.join(w))
-                .unwrap()
-                .trim()
-                .parse()
-                .unwrap(),
-        );
-    }
-    pids
+    wait_for_pids_in(dir, &["0", "1", "w0", "w1"], Duration::from_secs(30))
 }
 
 #[test]

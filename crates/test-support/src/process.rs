@@ -249,24 +249,32 @@ pub fn scratch(name: &str) -> PathBuf {
 
 /// The pids that `ranks` wrote, each in `dir/RANK`, waiting up to `limit` for all of them.
 pub fn wait_for_pid_files(dir: &Path, ranks: Range<usize>, limit: Duration) -> Vec<i32> {
+    let names: Vec<String> = ranks.map(|r| r.to_string()).collect();
+    wait_for_pids_in(dir, &names, limit)
+}
+
+/// The pids written into the files `names` of `dir` (e.g. a worker's `w0` beside its rank's
+/// `0`), waiting up to `limit` for all of them.
+pub fn wait_for_pids_in(dir: &Path, names: &[impl AsRef<str>], limit: Duration) -> Vec<i32> {
     let deadline = Instant::now() + limit;
     loop {
-        let pids: Vec<i32> = ranks
-            .clone()
-            .filter_map(|r| {
-                std::fs::read_to_string(dir.join(r.to_string()))
+        let pids: Vec<i32> = names
+            .iter()
+            .filter_map(|name| {
+                std::fs::read_to_string(dir.join(name.as_ref()))
                     .ok()?
                     .trim()
                     .parse()
                     .ok()
             })
             .collect();
-        if pids.len() == ranks.len() {
+        if pids.len() == names.len() {
             return pids;
         }
+        let names: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
         assert!(
             Instant::now() < deadline,
-            "ranks {ranks:?} did not all write their pid into {} within {limit:?}",
+            "{names:?} did not all get a pid written into {} within {limit:?}",
             dir.display()
         );
         std::thread::sleep(Duration::from_millis(20));
