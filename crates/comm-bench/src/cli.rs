@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use comm_core::backend::cpu::TransportChoice;
 use comm_core::BackendChoice;
 
 use crate::units::parse_bytes;
@@ -211,6 +212,11 @@ pub struct BenchArgs {
     /// results/distributed_communication for allreduce-sweep, as the course names it].
     #[arg(long, value_name = "DIR")]
     pub out_dir: Option<PathBuf>,
+
+    /// How the CPU backend's ranks move bytes: shared memory within a host and TCP between hosts
+    /// (auto), or one of them for every pair (tcp is what Gloo does). The header names it.
+    #[arg(long, value_enum, default_value_t = TransportChoice::Auto)]
+    pub transport: TransportChoice,
 
     /// Seconds any wait may take (rendezvous, a collective) before the run fails.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]

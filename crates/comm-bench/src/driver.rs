@@ -166,6 +166,7 @@ fn launch_args(args: &BenchArgs, backend: BackendChoice) -> LaunchArgs {
     LaunchArgs {
         nproc_per_node: None,
         backend,
+        transport: args.transport,
         timeout: args.timeout,
     }
 }
@@ -420,7 +421,8 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
     }
     let result = (|| -> comm_core::Result<()> {
         let launch = launch_args(args, backends[0]);
-        let job = Job::rendezvous(&topology, launch.backend, launch.timeout()?)?;
+        let job = Job::rendezvous(&topology, launch.backend, launch.timeout()?)?
+            .with_transport(launch.transport);
         for (i, &choice) in backends.iter().enumerate() {
             // Every backend over the same ranks and store: the first must work, the others are
             // skipped where this machine cannot run them.
@@ -481,7 +483,11 @@ fn describe(comm: &Communicator) -> (String, String) {
             (version, format!("{gpu}, host {}", record::cpu_model()))
         }
         Device::Cpu(_) => (
-            format!("tcp transport (comm-core {})", env!("CARGO_PKG_VERSION")),
+            format!(
+                "{} transport (comm-core {})",
+                comm.transport().unwrap_or("?"),
+                env!("CARGO_PKG_VERSION")
+            ),
             record::cpu_model(),
         ),
     }

@@ -169,6 +169,15 @@ impl Communicator {
         }
     }
 
+    /// How a CPU communicator's ranks move bytes ("shm", "tcp", "shm+tcp", "channels"); `None`
+    /// on NCCL, which picks its own transports.
+    pub fn transport(&self) -> Option<&'static str> {
+        match &self.engine {
+            Engine::Cpu(cpu) => Some(cpu.transport().name()),
+            Engine::Nccl(_) => None,
+        }
+    }
+
     /// The rendezvous store, when this communicator was built through one.
     pub fn store(&self) -> Option<&Store> {
         self.store.as_deref()

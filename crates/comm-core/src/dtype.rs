@@ -245,6 +245,23 @@ pub fn reduce_into<T: Element>(op: ReduceOp, acc: &mut [T], other: &[T]) {
     }
 }
 
+/// `out[i] = a[i] op b[i]`: [`reduce_into`] for an out-of-place reduction, with the same
+/// operand order (so the same bits).
+pub fn reduce_pair<T: Element>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
+    debug_assert!(out.len() == a.len() && a.len() == b.len());
+    fn apply<T: Element>(out: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            *o = f(x, y);
+        }
+    }
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => apply(out, a, b, |x, y| T::combine(ReduceOp::Sum, x, y)),
+        ReduceOp::Prod => apply(out, a, b, |x, y| T::combine(ReduceOp::Prod, x, y)),
+        ReduceOp::Min => apply(out, a, b, |x, y| T::combine(ReduceOp::Min, x, y)),
+        ReduceOp::Max => apply(out, a, b, |x, y| T::combine(ReduceOp::Max, x, y)),
+    }
+}
+
 /// Finishes an Avg: divides every element by the world size. Other ops are left alone.
 pub fn finish<T: Element>(op: ReduceOp, values: &mut [T], world_size: usize) {
     if op == ReduceOp::Avg {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::cpu::TcpTransport;
+use crate::backend::cpu::{ShmTransport, Transport, TransportChoice};
 use crate::backend::nccl::{self, NcclBackend};
 use crate::backend::{self, BackendChoice, BackendKind, Selection};
 use crate::comm::Communicator;
@@ -22,6 +22,8 @@ pub struct Job {
     /// What `--backend` chose at launch, before the rendezvous.
     selection: Selection,
     choice: BackendChoice,
+    /// How CPU communicators move bytes (`--transport`).
+    transport: TransportChoice,
     store: Arc<Store>,
     /// Rank 0 serves the store for everyone until the job finishes.
     server: Option<StoreServer>,
@@ -67,10 +69,17 @@ impl Job {
             topology: topology.clone(),
             selection,
             choice,
+            transport: TransportChoice::Auto,
             store: Arc::new(store),
             server,
             built: AtomicU64::new(0),
         })
+    }
+
+    /// How CPU communicators built from now on move bytes (auto unless set).
+    pub fn with_transport(mut self, transport: TransportChoice) -> Job {
+        self.transport = transport;
+        self
     }
 
     /// Where this rank sits.
@@ -123,8 +132,17 @@ impl Job {
             BackendKind::Cpu => {
                 let prefix = format!("{name}/cpu");
                 let run_id = topology.run_id.as_deref();
-                let transport =
-                    TcpTransport::connect(&self.store, &prefix, rank, world_size, run_id)?;
+                let transport = ShmTransport::connect(
+                    &self.store,
+                    &prefix,
+                    rank,
+                    world_size,
+                    run_id,
+                    self.transport,
+                )?;
+                if rank == 0 {
+                    println!("transport: {} ({})", transport.name(), transport.summary());
+                }
                 Communicator::cpu(Box::new(transport), topology.local_rank)
             }
             BackendKind::Nccl => {

@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::backend::cpu::TransportChoice;
 use crate::backend::{self, BackendChoice};
 use crate::comm::Communicator;
 use crate::error::{CommError, Result};
@@ -26,6 +27,11 @@ pub struct LaunchArgs {
     /// Which backend runs the collectives: NCCL on GPUs, or the CPU.
     #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     pub backend: BackendChoice,
+
+    /// How CPU ranks move bytes: shared memory within a host and TCP between hosts (auto), or
+    /// one of them for every pair. NCCL picks its own.
+    #[arg(long, value_enum, default_value_t = TransportChoice::Auto)]
+    pub transport: TransportChoice,
 
     /// Seconds any wait may take (rendezvous, a collective) before the job fails.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
@@ -101,7 +107,8 @@ pub fn run_job(
             let rank = topology.rank;
             let job = args
                 .timeout()
-                .and_then(|timeout| Job::rendezvous(&topology, args.backend, timeout));
+                .and_then(|timeout| Job::rendezvous(&topology, args.backend, timeout))
+                .map(|job| job.with_transport(args.transport));
             match job.and_then(|job| {
                 body(&job)?;
                 job.finish()

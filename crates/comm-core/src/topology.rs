@@ -488,6 +488,17 @@ pub fn local_ranks_from_env() -> usize {
         .clamp(1, MAX_LOCAL_RANKS)
 }
 
+/// This machine's host name ("?" if the system will not say).
+pub fn hostname() -> String {
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most name.len() bytes into the buffer.
+    if unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } != 0 {
+        return "?".into();
+    }
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    String::from_utf8_lossy(&name[..end]).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,7 @@
 //! Every collective and reduction of comm-core's collective table, against a sequential
 //! reference on random data: world sizes 1 to 8, lengths 0, 1, not divisible by the world size
-//! and 16 MiB, each dtype, in place and out of place, over both transports (channels between
-//! threads, and real TCP sockets).
+//! and 16 MiB, each dtype, in place and out of place, over every transport (channels between
+//! threads, real TCP sockets, and shared-memory segments).
 //!
 //! Inputs are small whole numbers, so every float sum and product is exact and the ring's order
 //! of additions cannot make a correct result look wrong.
@@ -9,7 +9,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use comm_core::backend::cpu::{ChannelTransport, TcpTransport, Transport};
+use comm_core::backend::cpu::{
+    ChannelTransport, ShmTransport, TcpTransport, Transport, TransportChoice,
+};
 use comm_core::check::{cases, input, Case, Mismatch};
 use comm_core::store::{Store, StoreServer};
 use comm_core::{Collective, Communicator, Element, ReduceOp};
@@ -21,6 +23,7 @@ const BIG_BYTES: usize = 16 << 20;
 enum Wire {
     Channels,
     Tcp,
+    Shm,
 }
 
 /// Runs `body` on `n` ranks, one thread each, and returns what each rank returned.
@@ -30,7 +33,7 @@ fn on_ranks<R: Send>(n: usize, wire: Wire, body: impl Fn(&Communicator) -> R + S
             .into_iter()
             .map(|t| Box::new(t) as Box<dyn Transport>)
             .collect(),
-        Wire::Tcp => {
+        Wire::Tcp | Wire::Shm => {
             let server = StoreServer::bind(0, n).unwrap();
             let port = server.port();
             std::thread::scope(|s| {
@@ -39,8 +42,7 @@ fn on_ranks<R: Send>(n: usize, wire: Wire, body: impl Fn(&Communicator) -> R + S
                         s.spawn(move || {
                             let store =
                                 Store::connect("127.0.0.1", port, rank, n, TIMEOUT).unwrap();
-                            Box::new(TcpTransport::connect(&store, "test", rank, n, None).unwrap())
-                                as Box<dyn Transport>
+                            connect(wire, &store, "test", rank, n)
                         })
                     })
                     .collect();
@@ -61,6 +63,16 @@ fn on_ranks<R: Send>(n: usize, wire: Wire, body: impl Fn(&Communicator) -> R + S
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     })
+}
+
+/// One rank's end of `wire` between processes.
+fn connect(wire: Wire, store: &Store, prefix: &str, rank: usize, n: usize) -> Box<dyn Transport> {
+    match wire {
+        Wire::Shm => Box::new(
+            ShmTransport::connect(store, prefix, rank, n, None, TransportChoice::Shm).unwrap(),
+        ),
+        _ => Box::new(TcpTransport::connect(store, prefix, rank, n, None).unwrap()),
+    }
 }
 
 /// Every case of the collective table (each collective, reduction and placement) for dtype `T`
@@ -156,6 +168,13 @@ fn tcp_world_sizes_1_to_8() {
     }
 }
 
+#[test]
+fn shm_world_sizes_1_to_8() {
+    for n in 1..=8 {
+        all_dtypes(Wire::Shm, n, &small_lengths(n));
+    }
+}
+
 /// 16 MiB per rank (plus one element), every collective and dtype, at an odd world size where
 /// blocks are uneven, with Sum and Max where the collective reduces.
 fn big(wire: Wire) {
@@ -207,10 +226,25 @@ fn tcp_16_mib() {
 }
 
 #[test]
+fn shm_16_mib() {
+    big(Wire::Shm);
+}
+
+#[test]
 fn tcp_16_mib_eight_ranks() {
+    eight_ranks(Wire::Tcp);
+}
+
+#[test]
+fn shm_16_mib_eight_ranks() {
+    eight_ranks(Wire::Shm);
+}
+
+/// The long rings: all-reduce, and the pipelined chain broadcast, over 8 ranks.
+fn eight_ranks(wire: Wire) {
     let n = 8;
     let len = BIG_BYTES / 4;
-    let results = on_ranks(n, Wire::Tcp, |comm| {
+    let results = on_ranks(n, wire, |comm| {
         [
             (Collective::AllReduce, ReduceOp::Avg, true),
             (Collective::Broadcast, ReduceOp::Sum, true),
@@ -240,7 +274,7 @@ fn tcp_16_mib_eight_ranks() {
 
 #[test]
 fn ranks_that_disagree_on_sizes_get_an_error_not_a_hang() {
-    for wire in [Wire::Channels, Wire::Tcp] {
+    for wire in [Wire::Channels, Wire::Tcp, Wire::Shm] {
         let errors = on_ranks(2, wire, |comm| {
             let len = if comm.rank() == 0 { 8 } else { 12 };
             let mut buf = comm.buffer(&vec![1i32; len]).unwrap();
@@ -284,6 +318,12 @@ fn bad_arguments_are_usage_errors() {
 
 #[test]
 fn a_peer_that_disappears_is_reported() {
+    for wire in [Wire::Tcp, Wire::Shm] {
+        a_peer_disappears(wire);
+    }
+}
+
+fn a_peer_disappears(wire: Wire) {
     let server = StoreServer::bind(0, 2).unwrap();
     let port = server.port();
     let results: Vec<Option<String>> = std::thread::scope(|s| {
@@ -292,8 +332,7 @@ fn a_peer_that_disappears_is_reported() {
                 s.spawn(move || {
                     let store =
                         Arc::new(Store::connect("127.0.0.1", port, rank, 2, TIMEOUT).unwrap());
-                    let t = TcpTransport::connect(&store, "gone", rank, 2, None).unwrap();
-                    let comm = Communicator::cpu(Box::new(t), rank);
+                    let comm = Communicator::cpu(connect(wire, &store, "gone", rank, 2), rank);
                     if rank == 1 {
                         return None; // drops its sockets: as if the process died
                     }
@@ -310,6 +349,6 @@ fn a_peer_that_disappears_is_reported() {
     let message = results[0].as_deref().expect("rank 0 should fail");
     assert!(
         message.contains("rank 1 closed its connection"),
-        "{message}"
+        "{wire:?}: {message}"
     );
 }

@@ -369,6 +369,7 @@ fn huge_timeout_job() -> ! {
     let args = LaunchArgs {
         nproc_per_node: Some(2),
         backend: BackendChoice::Cpu,
+        transport: comm_core::backend::cpu::TransportChoice::Auto,
         timeout: 1e19,
     };
     let code = run_to_code(&args, |comm| {
@@ -388,6 +389,7 @@ fn a_timeout_too_long_to_represent_does_not_panic() {
     let args = |timeout: f64| LaunchArgs {
         nproc_per_node: Some(2),
         backend: BackendChoice::Cpu,
+        transport: comm_core::backend::cpu::TransportChoice::Auto,
         timeout,
     };
     assert_eq!(args(1e19).timeout().unwrap(), MAX_TIMEOUT);

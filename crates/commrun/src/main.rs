@@ -35,7 +35,7 @@ fn launch(cli: &cli::Cli) -> Result<i32, String> {
     if plan.node_rank == 0 {
         plan::check_port_free(plan.master_port)?;
     }
-    let host = hostname();
+    let host = comm_core::topology::hostname();
     if resolved.from_slurm {
         eprintln!(
             "commrun: node {} of {} on {host} (from srun's SLURM_* variables): ranks {}-{} of {}, \
@@ -67,16 +67,5 @@ fn launch(cli: &cli::Cli) -> Result<i32, String> {
             );
             Ok(outcome.exit_code())
         }
-    }
-}
-
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into buf.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    match ok {
-        true if end > 0 => String::from_utf8_lossy(&buf[..end]).into_owned(),
-        _ => "this host".into(),
     }
 }

@@ -1,5 +1,6 @@
 //! The classic collective algorithms, CPU-mediated as Gloo runs them, over any [`Transport`].
-//! They work in place on host slices; [`super::CpuBackend`] builds the out-of-place calls on top.
+//! Each works in place on one host slice, or out of place reading `send` and writing `recv`
+//! directly (`_into`), never copying the whole input to a scratch buffer first.
 //!
 //! - broadcast: a binomial tree for small messages (log2 n hops), a pipelined chain for large ones
 //!   (each rank forwards a segment while receiving the next, so time ≈ bytes / bandwidth).
@@ -19,8 +20,8 @@ use std::ops::Range;
 
 use bytemuck::{cast_slice, cast_slice_mut};
 
-use super::transport::{CallScope, Transport};
-use crate::dtype::{finish, reduce_into, Element, ReduceOp};
+use super::transport::{CallScope, Transport, PIECE_BYTES};
+use crate::dtype::{self, finish, reduce_pair, Element, ReduceOp};
 use crate::error::{CommError, Result};
 
 /// Up to this many bytes, latency matters more than bandwidth.
@@ -28,7 +29,7 @@ const SMALL_BYTES: usize = 64 << 10;
 /// The all_reduce direct exchange sends the whole buffer to each peer; up to this many bytes in all.
 const DIRECT_ALL_REDUCE_BYTES: usize = 256 << 10;
 /// Pipeline piece: large enough to amortize a message, small enough to overlap reduce and transfer.
-const SEGMENT_BYTES: usize = 1 << 20;
+const SEGMENT_BYTES: usize = PIECE_BYTES;
 
 /// Block `i` of `n` nearly equal blocks of `len` elements (sizes differ by at most one).
 pub fn block(len: usize, n: usize, i: usize) -> Range<usize> {
@@ -144,9 +145,32 @@ pub fn all_reduce<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp) ->
         return direct_all_reduce(t, buf, op);
     }
     let blocks: Vec<_> = (0..n).map(|i| block(buf.len(), n, i)).collect();
-    ring_reduce_scatter(t, buf, op, &blocks)?;
+    ring_reduce_scatter(t, Partials::InPlace(buf), op, &blocks)?;
     finish(op, &mut buf[blocks[t.rank()].clone()], n);
     ring_all_gather(t, buf, &blocks)
+}
+
+/// [`all_reduce`] reading `send` and writing `recv`: the ring keeps its partial sums in `recv`.
+pub fn all_reduce_into<T: Element>(
+    t: &dyn Transport,
+    send: &[T],
+    recv: &mut [T],
+    op: ReduceOp,
+) -> Result<()> {
+    let _call = CallScope::new(t);
+    let n = t.world_size();
+    if n == 1 || std::mem::size_of_val(send) * (n - 1) <= DIRECT_ALL_REDUCE_BYTES {
+        recv.copy_from_slice(send);
+        return all_reduce(t, recv, op);
+    }
+    let blocks: Vec<_> = (0..n).map(|i| block(send.len(), n, i)).collect();
+    let partials = Partials::Beside {
+        input: send,
+        out: &mut *recv,
+    };
+    ring_reduce_scatter(t, partials, op, &blocks)?;
+    finish(op, &mut recv[blocks[t.rank()].clone()], n);
+    ring_all_gather(t, recv, &blocks)
 }
 
 /// Every rank sends its buffer to every other, then reduces all n in rank order.
@@ -160,59 +184,111 @@ fn direct_all_reduce<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp)
     all[rank].copy_from_slice(buf);
     buf.copy_from_slice(&all[0]);
     for other in &all[1..] {
-        reduce_into(op, buf, other);
+        dtype::reduce_into(op, buf, other);
     }
     finish(op, buf, n);
     Ok(())
 }
 
 // ANCHOR: ring
-/// Ring reduce-scatter over `blocks`: afterwards block `rank` holds the reduction of every rank's
-/// block (without Avg's division). Step s sends the block reduced at step s-1 to the next rank
-/// while receiving and reducing another from the previous one, segment by segment.
+/// Where a ring reduce-scatter reads each rank's input and keeps its partial sums.
+pub enum Partials<'a, T> {
+    /// `buf` is the input and holds the partial sums: block by block it is overwritten.
+    InPlace(&'a mut [T]),
+    /// The partial sum of block b goes to block b of `out` (an out-of-place all-reduce).
+    Beside {
+        /// This rank's input, only read.
+        input: &'a [T],
+        /// As long as `input`.
+        out: &'a mut [T],
+    },
+    /// Partial sums take turns between `out` and `spare`, so that the last one, this rank's
+    /// block, lands in `out`.
+    Alternating {
+        /// This rank's input, only read.
+        input: &'a [T],
+        /// As long as the longest block.
+        out: &'a mut [T],
+        /// As long as the longest block.
+        spare: &'a mut [T],
+    },
+}
+
+/// Ring reduce-scatter over `blocks`: afterwards this rank's block (block `rank` of the buffer,
+/// or the start of `out`) holds the reduction of every rank's block (without Avg's division).
+/// Step s sends the block reduced at step s-1 to the next rank while the previous rank's block
+/// arrives and is reduced in, piece by piece, as it comes.
 pub fn ring_reduce_scatter<T: Element>(
     t: &dyn Transport,
-    buf: &mut [T],
+    mut partials: Partials<'_, T>,
     op: ReduceOp,
     blocks: &[Range<usize>],
 ) -> Result<()> {
     let _call = CallScope::new(t);
     let (n, rank) = (t.world_size(), t.rank());
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-    let segment = (SEGMENT_BYTES / std::mem::size_of::<T>()).max(1);
-    let largest = blocks.iter().map(|b| b.len()).max().unwrap_or(0);
-    let mut incoming = vec![T::default(); segment.min(largest)];
     for step in 0..n - 1 {
         let send_block = blocks[(rank + 2 * n - step - 1) % n].clone();
         let recv_block = blocks[(rank + 2 * n - step - 2) % n].clone();
-        let (outgoing, acc) = split_pair(buf, send_block, recv_block);
-        std::thread::scope(|s| {
-            let sender = s.spawn(|| -> Result<()> {
-                for piece in outgoing.chunks(segment) {
-                    t.send(next, cast_slice(piece))?;
-                }
-                // A zero-length block still sends one (empty) message, so steps stay in lockstep.
-                if outgoing.is_empty() {
-                    t.send(next, &[])?;
-                }
-                Ok(())
-            });
-            let received = (|| {
-                for piece in acc.chunks_mut(segment) {
-                    let incoming = &mut incoming[..piece.len()];
-                    t.recv(prev, cast_slice_mut(incoming))?;
-                    reduce_into(op, piece, incoming);
-                }
-                if acc.is_empty() {
-                    t.recv(prev, &mut [])?;
-                }
-                Ok(())
-            })();
-            let sent = sender.join().map_err(|_| thread_panicked())?;
-            received.and(sent)
-        })?;
+        match &mut partials {
+            Partials::InPlace(buf) => {
+                let (outgoing, acc) = split_pair(buf, send_block, recv_block);
+                reduce_step(t, (next, outgoing), prev, None, acc, op)?;
+            }
+            Partials::Beside { input, out } => {
+                let own = &input[recv_block.clone()];
+                let (outgoing, acc) = match step {
+                    0 => (&input[send_block], &mut out[recv_block]),
+                    _ => split_pair(out, send_block, recv_block),
+                };
+                reduce_step(t, (next, outgoing), prev, Some(own), acc, op)?;
+            }
+            Partials::Alternating { input, out, spare } => {
+                let own = &input[recv_block.clone()];
+                // The last step (n - 2) writes `out`; each earlier one the other buffer.
+                let (last, acc) = match (n - 2 - step) % 2 {
+                    0 => (&**spare, &mut **out),
+                    _ => (&**out, &mut **spare),
+                };
+                let outgoing = match step {
+                    0 => &input[send_block],
+                    _ => &last[..send_block.len()],
+                };
+                let acc = &mut acc[..recv_block.len()];
+                reduce_step(t, (next, outgoing), prev, Some(own), acc, op)?;
+            }
+        }
     }
     Ok(())
+}
+
+/// One ring step: `outgoing` goes to the next rank while a block as long as `acc` arrives from
+/// `prev`; each arriving piece is reduced into `acc` (with `own`, this rank's input, when
+/// `acc` does not hold it already).
+fn reduce_step<T: Element>(
+    t: &dyn Transport,
+    (next, outgoing): (usize, &[T]),
+    prev: usize,
+    own: Option<&[T]>,
+    acc: &mut [T],
+    op: ReduceOp,
+) -> Result<()> {
+    let size = std::mem::size_of::<T>();
+    let len = std::mem::size_of_val(acc);
+    t.send_recv_with(
+        next,
+        cast_slice(outgoing),
+        prev,
+        len,
+        &mut |offset, piece| {
+            let piece: &[T] = cast_slice(piece);
+            let at = offset / size..offset / size + piece.len();
+            match own {
+                Some(own) => reduce_pair(op, &mut acc[at.clone()], &own[at], piece),
+                None => dtype::reduce_into(op, &mut acc[at], piece),
+            }
+        },
+    )
 }
 
 /// Ring all-gather over `blocks`, block `rank` being this rank's: in n-1 steps every block goes
@@ -239,21 +315,52 @@ pub fn ring_all_gather<T: Element>(
 pub fn reduce_scatter<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp) -> Result<()> {
     let _call = CallScope::new(t);
     let n = t.world_size();
-    let count = buf.len() / n;
-    let blocks: Vec<_> = (0..n).map(|i| i * count..(i + 1) * count).collect();
+    let blocks = equal_blocks(buf.len(), n);
     if n > 1 {
-        ring_reduce_scatter(t, buf, op, &blocks)?;
+        ring_reduce_scatter(t, Partials::InPlace(buf), op, &blocks)?;
     }
     finish(op, &mut buf[blocks[t.rank()].clone()], n);
     Ok(())
+}
+
+/// `send` holds n blocks as long as `recv`; their reduction over all ranks of block `rank`
+/// lands in `recv`. Partial sums take turns between `recv` and one block of scratch.
+pub fn reduce_scatter_into<T: Element>(
+    t: &dyn Transport,
+    send: &[T],
+    recv: &mut [T],
+    op: ReduceOp,
+) -> Result<()> {
+    let _call = CallScope::new(t);
+    let (n, rank) = (t.world_size(), t.rank());
+    let blocks = equal_blocks(send.len(), n);
+    if n == 1 {
+        recv.copy_from_slice(send);
+    } else {
+        let mut spare = vec![T::default(); recv.len()];
+        let partials = Partials::Alternating {
+            input: send,
+            out: &mut *recv,
+            spare: &mut spare,
+        };
+        ring_reduce_scatter(t, partials, op, &blocks)?;
+    }
+    debug_assert_eq!(blocks[rank].len(), recv.len());
+    finish(op, recv, n);
+    Ok(())
+}
+
+/// n blocks of `len / n` elements.
+fn equal_blocks(len: usize, n: usize) -> Vec<Range<usize>> {
+    let count = len / n;
+    (0..n).map(|i| i * count..(i + 1) * count).collect()
 }
 
 /// `buf` holds n equal blocks, this rank's at block `rank`; afterwards every block is filled.
 pub fn all_gather<T: Element>(t: &dyn Transport, buf: &mut [T]) -> Result<()> {
     let _call = CallScope::new(t);
     let n = t.world_size();
-    let count = buf.len() / n;
-    let blocks: Vec<_> = (0..n).map(|i| i * count..(i + 1) * count).collect();
+    let blocks = equal_blocks(buf.len(), n);
     if n > 1 {
         ring_all_gather(t, buf, &blocks)?;
     }
@@ -267,37 +374,91 @@ pub fn reduce<T: Element>(
     op: ReduceOp,
     root: usize,
 ) -> Result<()> {
-    let _call = CallScope::new(t);
-    let (n, rank) = (t.world_size(), t.rank());
-    if n == 1 {
-        finish(op, buf, 1);
-        return Ok(());
+    match t.rank() == root {
+        true => reduce_at_root(t, ReduceInput::InPlace(buf), op),
+        false => reduce_off_root(t, buf, op, root),
     }
-    let mut scratch;
-    let acc: &mut [T] = if rank == root {
-        buf
-    } else {
-        scratch = buf.to_vec();
-        &mut scratch
+}
+
+/// [`reduce`] reading `send`; only the root's `recv` is written.
+pub fn reduce_into<T: Element>(
+    t: &dyn Transport,
+    send: &[T],
+    recv: &mut [T],
+    op: ReduceOp,
+    root: usize,
+) -> Result<()> {
+    match t.rank() == root {
+        true => reduce_at_root(t, ReduceInput::Beside { send, recv }, op),
+        false => reduce_off_root(t, send, op, root),
+    }
+}
+
+/// The root's buffers in a reduce.
+enum ReduceInput<'a, T> {
+    InPlace(&'a mut [T]),
+    Beside { send: &'a [T], recv: &'a mut [T] },
+}
+
+/// The root's part: a binomial tree for small messages; for large ones ring reduce-scatter, then
+/// every other rank hands the root its finished block.
+fn reduce_at_root<T: Element>(
+    t: &dyn Transport,
+    input: ReduceInput<'_, T>,
+    op: ReduceOp,
+) -> Result<()> {
+    let _call = CallScope::new(t);
+    let (n, root) = (t.world_size(), t.rank());
+    let (partials, acc) = match input {
+        ReduceInput::InPlace(buf) => (None, buf),
+        ReduceInput::Beside { send, recv } => (Some(send), recv),
     };
-    if std::mem::size_of_val(acc) <= SMALL_BYTES {
+    if n == 1 || std::mem::size_of_val(acc) <= SMALL_BYTES {
+        if let Some(send) = partials {
+            acc.copy_from_slice(send);
+        }
         tree_reduce(t, acc, op, root)?;
     } else {
-        // Ring reduce-scatter, then every rank hands its finished block to the root.
         let blocks: Vec<_> = (0..n).map(|i| block(acc.len(), n, i)).collect();
-        ring_reduce_scatter(t, acc, op, &blocks)?;
-        if rank == root {
-            for (peer, range) in blocks.iter().enumerate().filter(|(p, _)| *p != root) {
-                t.recv(peer, cast_slice_mut(&mut acc[range.clone()]))?;
-            }
-        } else {
-            t.send(root, cast_slice(&acc[blocks[rank].clone()]))?;
+        let ring = match partials {
+            None => Partials::InPlace(&mut *acc),
+            Some(send) => Partials::Beside {
+                input: send,
+                out: &mut *acc,
+            },
+        };
+        ring_reduce_scatter(t, ring, op, &blocks)?;
+        for (peer, range) in blocks.iter().enumerate().filter(|(p, _)| *p != root) {
+            t.recv(peer, cast_slice_mut(&mut acc[range.clone()]))?;
         }
     }
-    if rank == root {
-        finish(op, acc, n);
-    }
+    finish(op, acc, n);
     Ok(())
+}
+
+/// Every other rank's part: its input is only read. Small messages copy it for the tree; large
+/// ones keep the ring's partial sums in two blocks of scratch.
+fn reduce_off_root<T: Element>(
+    t: &dyn Transport,
+    input: &[T],
+    op: ReduceOp,
+    root: usize,
+) -> Result<()> {
+    let _call = CallScope::new(t);
+    let (n, rank) = (t.world_size(), t.rank());
+    if std::mem::size_of_val(input) <= SMALL_BYTES {
+        return tree_reduce(t, &mut input.to_vec(), op, root);
+    }
+    let blocks: Vec<_> = (0..n).map(|i| block(input.len(), n, i)).collect();
+    let longest = blocks.iter().map(|b| b.len()).max().unwrap_or(0);
+    let (mut out, mut spare) = (vec![T::default(); longest], vec![T::default(); longest]);
+    let partials = Partials::Alternating {
+        input,
+        out: &mut out,
+        spare: &mut spare,
+    };
+    ring_reduce_scatter(t, partials, op, &blocks)?;
+    t.send(root, cast_slice(&out[..blocks[rank].len()]))
 }
 
 /// Binomial tree towards the root: in round k, ranks with bit k set hand their partial result to
@@ -317,7 +478,7 @@ fn tree_reduce<T: Element>(
         }
         if vr + mask < n {
             t.recv(absolute(vr + mask, root, n), cast_slice_mut(&mut incoming))?;
-            reduce_into(op, acc, &incoming);
+            dtype::reduce_into(op, acc, &incoming);
         }
         mask <<= 1;
     }

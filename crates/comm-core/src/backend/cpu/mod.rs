@@ -1,14 +1,28 @@
 //! The CPU backend: Gloo-style collectives on host memory, run by [`algorithms`] over a
-//! [`Transport`] (TCP between processes, channels between threads).
+//! [`Transport`]: shared memory between processes of one host, TCP between hosts (and where
+//! asked for), channels between threads.
 
 pub mod algorithms;
 mod channel;
+pub mod shm;
 mod tcp;
 mod transport;
 
 pub use channel::ChannelTransport;
+pub use shm::ShmTransport;
 pub use tcp::TcpTransport;
-pub use transport::{CallScope, Transport};
+pub use transport::{threaded_send_recv_with, CallScope, Sink, Transport, PIECE_BYTES};
+
+/// What the user asked for with `--transport`: how CPU ranks move bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportChoice {
+    /// Shared memory between ranks of one host, TCP between hosts.
+    Auto,
+    /// Shared memory between every pair; an error where ranks do not share a host.
+    Shm,
+    /// TCP between every pair, even on one host (what Gloo does).
+    Tcp,
+}
 
 use crate::dtype::{Element, ReduceOp};
 use crate::error::Result;
@@ -60,8 +74,7 @@ impl CpuBackend {
         recv: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        recv.copy_from_slice(send);
-        self.all_reduce(recv, op)
+        algorithms::all_reduce_into(self.transport(), send, recv, op)
     }
 
     /// Reduces every rank's `buf` into the root's; other ranks' buffers are left as they were.
@@ -77,12 +90,7 @@ impl CpuBackend {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        if self.transport.rank() == root {
-            recv.copy_from_slice(send);
-            self.reduce(recv, op, root)
-        } else {
-            self.reduce(&mut send.to_vec(), op, root)
-        }
+        algorithms::reduce_into(self.transport(), send, recv, op, root)
     }
 
     /// `buf` holds world_size equal blocks, this rank's in block `rank`; afterwards every block
@@ -111,11 +119,7 @@ impl CpuBackend {
         recv: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        let rank = self.transport.rank();
-        let mut scratch = send.to_vec();
-        self.reduce_scatter(&mut scratch, op)?;
-        recv.copy_from_slice(&scratch[rank * recv.len()..(rank + 1) * recv.len()]);
-        Ok(())
+        algorithms::reduce_scatter_into(self.transport(), send, recv, op)
     }
 
     /// Block `j` of `send` goes to rank `j`; block `i` of `recv` comes from rank `i`.

@@ -229,12 +229,12 @@ impl TcpTransport {
     }
 
     /// The deadline of the operation starting now: the call's, or its own.
-    fn deadline(&self) -> Deadline {
+    pub(crate) fn deadline(&self) -> Deadline {
         self.clock.deadline()
     }
 
     /// The first failure again, if there was one.
-    fn check_broken(&self) -> Result<()> {
+    pub(crate) fn check_broken(&self) -> Result<()> {
         match &*self.broken.lock().unwrap() {
             Some(first) => Err(replay(first)),
             None => Ok(()),
@@ -243,7 +243,7 @@ impl TcpTransport {
 
     /// Records `e` as the first failure and shuts every link, so no other thread of this rank
     /// waits on one; if a failure came first, `e` is its consequence and that one is returned.
-    fn break_with(&self, e: CommError) -> CommError {
+    pub(crate) fn break_with(&self, e: CommError) -> CommError {
         let mut broken = self.broken.lock().unwrap();
         if let Some(first) = &*broken {
             return replay(first);
@@ -254,6 +254,33 @@ impl TcpTransport {
             let _ = link.control.shutdown(std::net::Shutdown::Both);
         }
         e
+    }
+
+    /// The timeout each collective call has.
+    pub(crate) fn timeout(&self) -> std::time::Duration {
+        self.clock.timeout()
+    }
+
+    /// Whether `peer`'s end of the link has closed (it exited, was killed, or failed and shut
+    /// its links). For links that carry no data (pairs on shared memory) this is how a dead
+    /// peer shows; it does not block.
+    pub(crate) fn peer_closed(&self, peer: usize) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut poll = libc::pollfd {
+            fd: self.link(peer).control.as_raw_fd(),
+            events: libc::POLLIN | libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, and a zero timeout: poll only reports.
+        if unsafe { libc::poll(&mut poll, 1, 0) } != 1 {
+            return false;
+        }
+        if poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+            return true;
+        }
+        // Readable: data (not expected on an idle link) or the end of the stream.
+        let mut byte = [0u8; 1];
+        matches!(self.link(peer).control.peek(&mut byte), Ok(0))
     }
 
     fn failure(&self, peer: usize, doing: &'static str, e: std::io::Error) -> CommError {

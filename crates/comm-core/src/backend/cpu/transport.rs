@@ -43,6 +43,22 @@ pub trait Transport: Send + Sync {
         })
     }
 
+    /// One step of a ring that combines what it receives: sends `data` to `to` while a message
+    /// of `len` bytes arrives from `from`, handed to `sink(offset, piece)` in order, piece by
+    /// piece, as it comes (a reduction adds each piece to what it holds, with no copy of the
+    /// whole message first). Pieces start at multiples of 64 bytes, so they hold whole elements
+    /// aligned for any type. Both halves share one deadline.
+    fn send_recv_with(
+        &self,
+        to: usize,
+        data: &[u8],
+        from: usize,
+        len: usize,
+        sink: Sink<'_>,
+    ) -> Result<()> {
+        threaded_send_recv_with(self, to, data, from, len, sink)
+    }
+
     /// Starts one collective call: every send and receive until [`Transport::end_call`] must
     /// finish within the timeout from now. Returns false (and changes nothing) when a call is
     /// already under way, so a collective built of others keeps the outer deadline. Transports
@@ -58,6 +74,54 @@ pub trait Transport: Send + Sync {
     /// Short name for messages and reports ("tcp", "channels").
     fn name(&self) -> &'static str;
 }
+
+/// What [`Transport::send_recv_with`] hands each received piece to: its offset in the message,
+/// and its bytes.
+pub type Sink<'a> = &'a mut dyn FnMut(usize, &[u8]);
+
+/// How [`Transport::send_recv_with`] works over a transport of whole messages (TCP, channels):
+/// `data` goes as messages of [`PIECE_BYTES`] on a second thread, while this one receives the
+/// pieces into a buffer of one piece and hands each to `sink`.
+pub fn threaded_send_recv_with<T: Transport + ?Sized>(
+    t: &T,
+    to: usize,
+    data: &[u8],
+    from: usize,
+    len: usize,
+    sink: Sink<'_>,
+) -> Result<()> {
+    let _call = CallScope::new(t);
+    let pieces = |len: usize| len.div_ceil(PIECE_BYTES).max(1);
+    std::thread::scope(|s| {
+        let sender = s.spawn(|| -> Result<()> {
+            for i in 0..pieces(data.len()) {
+                let at = (i * PIECE_BYTES).min(data.len());
+                t.send(to, &data[at..(at + PIECE_BYTES).min(data.len())])?;
+            }
+            Ok(())
+        });
+        let received = (|| {
+            // u64s: the pieces are cast to slices of any element type, which needs alignment.
+            let mut buffer = vec![0u64; len.min(PIECE_BYTES).div_ceil(8)];
+            let buffer: &mut [u8] = bytemuck::cast_slice_mut(&mut buffer);
+            for i in 0..pieces(len) {
+                let at = (i * PIECE_BYTES).min(len);
+                let piece = &mut buffer[..(len - at).min(PIECE_BYTES)];
+                t.recv(from, piece)?;
+                sink(at, piece);
+            }
+            Ok(())
+        })();
+        let sent = sender
+            .join()
+            .unwrap_or_else(|_| Err(CommError::Peer("the sending thread panicked".into())));
+        received.and(sent)
+    })
+}
+
+/// The piece a message transport sends large buffers in: large enough to amortize a message,
+/// small enough that receiving and reducing overlap with the transfer.
+pub const PIECE_BYTES: usize = 1 << 20;
 
 /// One collective call on a transport: sets its deadline while alive (unless an outer call
 /// already did) and ends the call when dropped, errors and panics included.

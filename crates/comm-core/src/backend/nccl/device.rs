@@ -104,17 +104,6 @@ pub fn bus_id(ordinal: usize) -> Result<String> {
         )))
 }
 
-/// This machine's host name.
-pub fn hostname() -> String {
-    let mut name = [0u8; 256];
-    // SAFETY: gethostname writes at most name.len() bytes into the buffer.
-    if unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } != 0 {
-        return "?".into();
-    }
-    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-    String::from_utf8_lossy(&name[..end]).into_owned()
-}
-
 /// The store's text for a seat, `host\tbus id`, and back.
 fn seat_value(host: &str, bus_id: &str) -> String {
     format!("{host}\t{bus_id}")
@@ -149,7 +138,7 @@ pub fn check_one_gpu_per_rank(
         name,
         rank,
         world_size,
-        &hostname(),
+        &crate::topology::hostname(),
         &bus_id(ordinal)?,
     )
 }

@@ -27,9 +27,7 @@ mod probe;
 mod watchdog;
 
 pub use calls::NcclBackend;
-pub use device::{
-    bus_id, check_one_gpu_per_rank, device_for, hostname, shared_gpu, GpuSeat, SharedGpu,
-};
+pub use device::{bus_id, check_one_gpu_per_rank, device_for, shared_gpu, GpuSeat, SharedGpu};
 pub use errors::nccl_error;
 pub use id::{bootstrap_address, id_from_bytes, id_to_bytes, new_unique_id};
 pub use probe::{probe, Machine, Probe, ThisMachine};

@@ -1,0 +1,532 @@
+//! Shared memory between the ranks of a host, TCP between hosts: what NCCL's SHM transport and
+//! MPI's shared-memory layer do for ranks that share a machine. A message to a rank of the same
+//! host is copied into a slot of a ring in that rank's segment and out again on the other side:
+//! two memory copies and no system call, where TCP's loopback takes two copies plus the kernel's
+//! work for every packet. Ranks on other hosts keep their TCP links.
+//!
+//! Setting up, over the store (after the TCP links, which stay as the way a dead or failed peer
+//! is noticed): every rank names its host; the ranks of a host each create an *inbox* segment
+//! ([`ring`]) with one ring per peer of the host, publish its name and a random token, map every
+//! peer's inbox and check its stamp, and publish which ones they mapped. A pair uses shared
+//! memory when both sides mapped each other's; then each rank removes its segment's name
+//! ([`segment`]), so nothing is left in /dev/shm however the job ends.
+//!
+//! Waiting: a rank spins briefly, yields, then sleeps on its doorbell; while it sleeps it wakes
+//! every few milliseconds to check the deadline and whether the peer's TCP link has closed (the
+//! peer died or failed), so a dead peer is an error within milliseconds and a stopped one a
+//! timeout.
+
+mod ring;
+mod segment;
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ring::{Doorbell, Geometry, Inbox, Ring};
+use segment::Segment;
+
+use super::tcp::TcpTransport;
+use super::transport::{size_mismatch, threaded_send_recv_with, Deadline, Sink, Transport};
+use super::TransportChoice;
+use crate::error::{CommError, Result};
+use crate::store::Store;
+
+pub use segment::leftovers;
+
+/// Spins before yielding, then yields before sleeping: short waits (a peer a slot behind) cost
+/// no system call, long ones no core.
+const SPINS: u32 = 200;
+const YIELDS: u32 = 50;
+/// The longest a sleeping rank goes without checking the deadline and its peers.
+const NAP: Duration = Duration::from_millis(5);
+
+/// Processes as ranks: shared memory to the ranks of this host, TCP to the others (see the
+/// module's documentation). Built by [`ShmTransport::connect`].
+pub struct ShmTransport {
+    /// Links to every peer: the data path to ranks of other hosts, and everywhere the signal
+    /// that a peer has gone or failed. Its clock is the call's deadline for both paths.
+    tcp: TcpTransport,
+    /// Per peer: the rings shared with it, or `None` where bytes go over TCP.
+    pairs: Vec<Option<Pair>>,
+    /// This rank's doorbell, rung by peers that fill or free a slot it may wait for.
+    doorbell: Option<Doorbell>,
+    /// What ran and why, for the transport line.
+    summary: String,
+    /// The mappings the rings point into; declared after `pairs` and `doorbell`, so dropped
+    /// after them.
+    _segments: Vec<Segment>,
+}
+
+/// The two rings between this rank and one peer of its host.
+struct Pair {
+    /// Ours to write, in the peer's inbox.
+    outgoing: Mutex<Ring>,
+    /// Ours to read, in our inbox.
+    incoming: Mutex<Ring>,
+    /// The peer's doorbell: rung after writing to it or freeing a slot it writes.
+    bell: Doorbell,
+}
+
+/// The pieces a message of `len` bytes travels in: slots of `size` bytes, at least one (an empty
+/// message still takes a slot, so that both sides count it).
+fn piece_count(len: usize, size: usize) -> usize {
+    len.div_ceil(size).max(1)
+}
+
+impl ShmTransport {
+    /// Connects every pair of ranks (see [`TcpTransport::connect`]), then moves the pairs on one
+    /// host to shared memory as `choice` says: `Auto` wherever it can be set up, `Shm` for every
+    /// pair or an error, `Tcp` nowhere.
+    pub fn connect(
+        store: &Store,
+        prefix: &str,
+        rank: usize,
+        world_size: usize,
+        run_id: Option<&str>,
+        choice: TransportChoice,
+    ) -> Result<Self> {
+        let tcp = TcpTransport::connect(store, prefix, rank, world_size, run_id)?;
+        let over_tcp = |tcp, summary: String| ShmTransport {
+            tcp,
+            pairs: (0..world_size).map(|_| None).collect(),
+            doorbell: None,
+            summary,
+            _segments: Vec::new(),
+        };
+        if world_size == 1 {
+            return Ok(over_tcp(tcp, "one rank: nothing to move".into()));
+        }
+        if choice == TransportChoice::Tcp {
+            return Ok(over_tcp(tcp, "requested".into()));
+        }
+        let prefix = format!("{prefix}/shm");
+        let host = host_ranks(store, &prefix, rank)?;
+        if choice == TransportChoice::Shm && host.len() < world_size {
+            let others = (0..world_size).filter(|r| !host.contains(r));
+            return Err(CommError::Usage(format!(
+                "--transport shm: rank {rank} shares its host with ranks {} only, and ranks {} \
+                 run elsewhere; shared memory joins the ranks of one host (--transport auto uses \
+                 it within each host and TCP between hosts)",
+                crate::error::rank_list(host.iter().copied()),
+                crate::error::rank_list(others)
+            )));
+        }
+        let peers: Vec<usize> = host.iter().copied().filter(|&r| r != rank).collect();
+        if peers.is_empty() {
+            return Ok(over_tcp(tcp, "no other rank on this host".into()));
+        }
+        let shared = share_memory(store, &prefix, rank, &peers)?;
+        let failed: Vec<_> = peers
+            .iter()
+            .copied()
+            .filter(|p| !shared.mapped.iter().any(|(q, _)| q == p))
+            .collect();
+        if !failed.is_empty() {
+            let why = shared.why.as_deref().unwrap_or("the peer could not map it");
+            let message = format!(
+                "rank {rank} cannot share memory with ranks {}: {why}",
+                crate::error::rank_list(failed.iter().copied())
+            );
+            if choice == TransportChoice::Shm {
+                return Err(CommError::Backend(format!(
+                    "--transport shm: {message} (--transport tcp or auto runs without it)"
+                )));
+            }
+            eprintln!("warning: {message}; those pairs use TCP");
+        }
+        let Shared {
+            inbox,
+            mapped,
+            segments,
+            ..
+        } = shared;
+        let Some(own) = inbox else {
+            return Ok(over_tcp(tcp, "shared memory could not be set up".into()));
+        };
+        let mut pairs: Vec<Option<Pair>> = (0..world_size).map(|_| None).collect();
+        for (peer, theirs) in &mapped {
+            pairs[*peer] = Some(Pair {
+                outgoing: Mutex::new(theirs.ring(ring_index(&host, rank, *peer))),
+                incoming: Mutex::new(own.ring(ring_index(&host, *peer, rank))),
+                bell: theirs.doorbell(),
+            });
+        }
+        let remote = world_size - host.len();
+        let summary = match (mapped.len(), remote) {
+            (n, 0) if n + 1 == world_size => {
+                format!("shared memory between the {world_size} ranks of this host")
+            }
+            (0, _) => "shared memory could not be set up".into(),
+            (n, _) => format!(
+                "rank {rank}: shared memory to {n} rank{} of its host, TCP to {}",
+                if n == 1 { "" } else { "s" },
+                world_size - 1 - n
+            ),
+        };
+        Ok(ShmTransport {
+            tcp,
+            pairs,
+            doorbell: Some(own.doorbell()),
+            summary,
+            _segments: segments,
+        })
+    }
+
+    /// Ranks this rank reaches through shared memory.
+    pub fn shared_peers(&self) -> usize {
+        self.pairs.iter().flatten().count()
+    }
+
+    /// What runs and why, as the transport line gives it: `shared memory between the 4 ranks
+    /// of this host`, `requested`, `no other rank on this host`.
+    pub fn summary(&self) -> &str {
+        &self.summary
+    }
+
+    /// Waits until `ready()` holds, checked after every ring of this rank's doorbell. While it
+    /// sleeps it checks the deadline and the peers in `watch` (their TCP links closing means
+    /// they died or failed); `doing` says, for the error, what waited on whom.
+    fn wait(
+        &self,
+        deadline: Deadline,
+        mut ready: impl FnMut() -> bool,
+        watch: &[(usize, &'static str)],
+    ) -> Result<()> {
+        let bell = self
+            .doorbell
+            .expect("a shared-memory pair without a doorbell");
+        let mut round = 0u32;
+        loop {
+            let seen = bell.seen();
+            if ready() {
+                return Ok(());
+            }
+            round += 1;
+            if round <= SPINS {
+                std::hint::spin_loop();
+                continue;
+            }
+            if round <= SPINS + YIELDS {
+                std::thread::yield_now();
+                continue;
+            }
+            self.tcp.check_broken()?;
+            let rank = self.tcp.rank();
+            for &(peer, doing) in watch {
+                if self.tcp.peer_closed(peer) {
+                    let e = CommError::PeerClosed { rank, peer, doing };
+                    return Err(self.tcp.break_with(e));
+                }
+            }
+            let Some(nap) = deadline.wait_at_most(NAP) else {
+                let (peer, doing) = watch[0];
+                return Err(self.tcp.break_with(CommError::Timeout {
+                    what: format!("rank {peer} while rank {rank} was {doing} it"),
+                    timeout: self.tcp.timeout(),
+                    detail: " (is that rank stuck, or did the ranks call different collectives?)"
+                        .into(),
+                    missing: vec![peer],
+                }));
+            };
+            bell.sleep(seen, nap);
+        }
+    }
+
+    /// Reads the next slot of `ring` (from `peer`), part of a message that must be `len` bytes,
+    /// into `sink` at `offset`; the piece is `len - offset` bytes at most one slot.
+    fn take_piece(
+        &self,
+        pair: &Pair,
+        ring: &Ring,
+        peer: usize,
+        len: usize,
+        offset: usize,
+        sink: Sink<'_>,
+    ) -> Result<()> {
+        let (message_len, slot) = ring.peek();
+        if message_len != len {
+            // The rest of that message still fills slots: the pair is out of step for good.
+            let e = size_mismatch(self.tcp.rank(), peer, message_len, len);
+            return Err(self.tcp.break_with(e));
+        }
+        let piece = (len - offset).min(ring.slot_bytes());
+        sink(offset, &slot[..piece]);
+        ring.release();
+        pair.bell.ring();
+        Ok(())
+    }
+}
+
+/// Where ring of `sender` sits in `receiver`'s inbox: the sender's place among the receiver's
+/// peers of the host (`host` sorted, both in it).
+fn ring_index(host: &[usize], sender: usize, receiver: usize) -> usize {
+    host.iter()
+        .filter(|&&r| r != receiver)
+        .position(|&r| r == sender)
+        .expect("both ranks are on the host")
+}
+
+/// What identifies a host: its name and the kernel's boot id (two containers of one name on
+/// different machines differ in the second; ranks that match still check they can map each
+/// other's segments).
+fn host_key() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{}:{}", crate::topology::hostname(), boot.trim())
+}
+
+/// The ranks on this rank's host, sorted, itself included: every rank signs in under its host's
+/// key, and after a barrier reads who signed in there.
+fn host_ranks(store: &Store, prefix: &str, rank: usize) -> Result<Vec<usize>> {
+    let host = format!("{prefix}/host/{}", host_key());
+    let seat = store.add(&format!("{host}/count"), 1)? - 1;
+    store.set(&format!("{host}/{seat}"), rank.to_string().as_bytes())?;
+    store.barrier(&format!("{prefix}/hosts"))?;
+    let count = store.add(&format!("{host}/count"), 0)?;
+    let mut ranks = Vec::new();
+    for seat in 0..count {
+        let value = store.get(&format!("{host}/{seat}"))?;
+        let peer = String::from_utf8_lossy(&value)
+            .parse::<usize>()
+            .map_err(|_| CommError::Peer(format!("a rank signed in under {host} as {value:?}")))?;
+        ranks.push(peer);
+    }
+    ranks.sort_unstable();
+    Ok(ranks)
+}
+
+/// The outcome of setting up shared memory with the peers of this host.
+struct Shared {
+    /// Our inbox, if it could be made.
+    inbox: Option<Inbox>,
+    /// The peers that share memory with us (both sides mapped the other), and their inboxes.
+    mapped: Vec<(usize, Inbox)>,
+    /// Every mapping, ours first.
+    segments: Vec<Segment>,
+    /// Why something failed on our side.
+    why: Option<String>,
+}
+
+/// Creates this rank's inbox, maps every peer's, and agrees with each which pairs share memory.
+/// Every rank of the host takes every step, failed or not, so none waits for another in vain.
+fn share_memory(store: &Store, prefix: &str, rank: usize, peers: &[usize]) -> Result<Shared> {
+    let geometry = Geometry::for_peers(peers.len());
+    let mut why = None;
+    segment::sweep_stale();
+    let name = Segment::fresh_name(rank);
+    let token = random_token();
+    let own = match Segment::create(&name, geometry.bytes()) {
+        Ok(segment) => {
+            // SAFETY: a fresh mapping of geometry.bytes() bytes, zeroed by the kernel, that no
+            // one else knows of yet; it lives in `segments` as long as the transport.
+            let inbox = unsafe { Inbox::format(segment.base(), geometry, token) };
+            Some((segment, inbox))
+        }
+        Err(e) => {
+            why = Some(format!(
+                "creating {} bytes in /dev/shm failed: {e} (is /dev/shm full or too small? \
+                 docker run --shm-size raises it)",
+                geometry.bytes()
+            ));
+            None
+        }
+    };
+    let published = match &own {
+        Some(_) => format!("{name} {token}"),
+        None => "-".into(),
+    };
+    store.set(&format!("{prefix}/inbox/{rank}"), published.as_bytes())?;
+
+    let mut opened = Vec::new();
+    for &peer in peers {
+        let value = store.get(&format!("{prefix}/inbox/{peer}"))?;
+        let value = String::from_utf8_lossy(&value);
+        let Some((name, token)) = value
+            .split_once(' ')
+            .and_then(|(n, t)| Some((n.to_string(), t.parse::<u64>().ok()?)))
+        else {
+            continue;
+        };
+        match Segment::open(&name, geometry.bytes()) {
+            // SAFETY: the mapping is geometry.bytes() long and kept in `segments`.
+            Ok(segment) => match unsafe { Inbox::check(segment.base(), geometry, token) } {
+                Some(inbox) => opened.push((peer, segment, inbox)),
+                None => {
+                    why = Some(format!(
+                        "rank {peer}'s segment {name} is not the one it made"
+                    ))
+                }
+            },
+            Err(e) => why = Some(format!("opening rank {peer}'s segment {name}: {e}")),
+        }
+    }
+    let ours: Vec<String> = opened.iter().map(|(p, ..)| p.to_string()).collect();
+    store.set(
+        &format!("{prefix}/mapped/{rank}"),
+        ours.join(",").as_bytes(),
+    )?;
+
+    let mut mapped = Vec::new();
+    let mut segments = Vec::new();
+    for (peer, segment, inbox) in opened {
+        let theirs = store.get(&format!("{prefix}/mapped/{peer}"))?;
+        let mapped_us = String::from_utf8_lossy(&theirs)
+            .split(',')
+            .any(|r| r == rank.to_string());
+        if mapped_us {
+            mapped.push((peer, inbox));
+            segments.push(segment);
+        }
+    }
+    // Every peer that maps our inbox has said so above: the name can go.
+    let inbox = own.map(|(mut segment, inbox)| {
+        segment.unlink();
+        segments.insert(0, segment);
+        inbox
+    });
+    if inbox.is_none() {
+        mapped.clear();
+    }
+    Ok(Shared {
+        inbox,
+        mapped,
+        segments,
+        why,
+    })
+}
+
+/// A token no other job will have picked.
+fn random_token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(crate::failure_record::unix_us());
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}
+
+impl Transport for ShmTransport {
+    fn rank(&self) -> usize {
+        self.tcp.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.tcp.world_size()
+    }
+
+    fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
+        let Some(pair) = &self.pairs[peer] else {
+            return self.tcp.send(peer, data);
+        };
+        let deadline = self.tcp.deadline();
+        self.tcp.check_broken()?;
+        let ring = pair.outgoing.lock().unwrap();
+        let size = ring.slot_bytes();
+        for i in 0..piece_count(data.len(), size) {
+            self.wait(deadline, || ring.can_write(), &[(peer, "sending to")])?;
+            let piece = &data[(i * size).min(data.len())..((i + 1) * size).min(data.len())];
+            ring.write(data.len(), piece);
+            pair.bell.ring();
+        }
+        Ok(())
+    }
+
+    fn recv(&self, peer: usize, out: &mut [u8]) -> Result<()> {
+        let Some(pair) = &self.pairs[peer] else {
+            return self.tcp.recv(peer, out);
+        };
+        let deadline = self.tcp.deadline();
+        self.tcp.check_broken()?;
+        let ring = pair.incoming.lock().unwrap();
+        let (len, size) = (out.len(), ring.slot_bytes());
+        for i in 0..piece_count(len, size) {
+            self.wait(deadline, || ring.can_read(), &[(peer, "receiving from")])?;
+            let copy = &mut |offset: usize, piece: &[u8]| {
+                out[offset..offset + piece.len()].copy_from_slice(piece)
+            };
+            self.take_piece(pair, &ring, peer, len, i * size, copy)?;
+        }
+        Ok(())
+    }
+
+    fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
+        let len = out.len();
+        self.send_recv_with(to, data, from, len, &mut |offset, piece| {
+            out[offset..offset + piece.len()].copy_from_slice(piece)
+        })
+    }
+
+    /// Between two shared-memory peers, one thread does both halves: it fills a slot of the
+    /// next rank whenever one is free and takes one from the previous rank whenever one is
+    /// full, so the peer's copy of the next piece overlaps this rank's work on the current one.
+    fn send_recv_with(
+        &self,
+        to: usize,
+        data: &[u8],
+        from: usize,
+        len: usize,
+        sink: Sink<'_>,
+    ) -> Result<()> {
+        let (Some(out_pair), Some(in_pair)) = (&self.pairs[to], &self.pairs[from]) else {
+            return threaded_send_recv_with(self, to, data, from, len, sink);
+        };
+        let deadline = self.tcp.deadline();
+        self.tcp.check_broken()?;
+        let outgoing = out_pair.outgoing.lock().unwrap();
+        let incoming = in_pair.incoming.lock().unwrap();
+        let (out_size, in_size) = (outgoing.slot_bytes(), incoming.slot_bytes());
+        let (to_send, to_take) = (piece_count(data.len(), out_size), piece_count(len, in_size));
+        let (mut sent, mut taken) = (0, 0);
+        let watch = [(from, "receiving from"), (to, "sending to")];
+        while sent < to_send || taken < to_take {
+            let can_send = || sent < to_send && outgoing.can_write();
+            let can_take = || taken < to_take && incoming.can_read();
+            if !can_send() && !can_take() {
+                self.wait(deadline, || can_send() || can_take(), &watch)?;
+            }
+            if can_send() {
+                let at = (sent * out_size).min(data.len());
+                outgoing.write(data.len(), &data[at..(at + out_size).min(data.len())]);
+                out_pair.bell.ring();
+                sent += 1;
+            }
+            if can_take() {
+                self.take_piece(in_pair, &incoming, from, len, taken * in_size, sink)?;
+                taken += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn begin_call(&self) -> bool {
+        self.tcp.begin_call()
+    }
+
+    fn end_call(&self) {
+        self.tcp.end_call()
+    }
+
+    fn name(&self) -> &'static str {
+        match (self.shared_peers(), self.world_size() - 1) {
+            (_, 0) => "none",
+            (0, _) => "tcp",
+            (n, others) if n == others => "shm",
+            _ => "shm+tcp",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_sender_has_its_own_ring_in_each_inbox() {
+        let host = [0, 2, 5];
+        // Rank 0's inbox holds rings for 2 and 5; rank 5's for 0 and 2.
+        assert_eq!(ring_index(&host, 2, 0), 0);
+        assert_eq!(ring_index(&host, 5, 0), 1);
+        assert_eq!(ring_index(&host, 0, 5), 0);
+        assert_eq!(ring_index(&host, 2, 5), 1);
+        assert_eq!(piece_count(0, 64), 1);
+        assert_eq!(piece_count(129, 64), 3);
+    }
+}

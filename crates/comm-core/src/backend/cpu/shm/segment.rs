@@ -1,0 +1,242 @@
+//! A shared-memory segment: a POSIX shared-memory object (a file in /dev/shm) mapped into every
+//! rank of a host that uses it, as NCCL's SHM transport and MPI's shared-memory layer make them.
+//!
+//! Nothing may outlive the job, even when a rank is killed: the creator removes the name as soon
+//! as every peer has mapped the segment (the memory then lives only as long as some rank maps
+//! it, and the kernel frees it when the last one exits, however it exits). Only a rank killed in
+//! the few milliseconds between creating and removing leaves a name behind; names carry the
+//! creator's pid, and [`sweep_stale`] removes those whose creator is gone.
+
+use std::ffi::CString;
+use std::io;
+use std::ptr::NonNull;
+
+/// Every segment of ours is named `/ncw-<pid>-<rank>-<random>`.
+const PREFIX: &str = "ncw-";
+/// Where Linux shows POSIX shared-memory objects.
+const SHM_DIR: &str = "/dev/shm";
+
+/// A mapped segment; unmapped when dropped, and its name removed if this process created it
+/// and has not removed it yet.
+pub(crate) struct Segment {
+    base: NonNull<u8>,
+    len: usize,
+    /// The name while it is still linked and ours to remove.
+    linked: Option<CString>,
+}
+
+// SAFETY: the mapping stays valid until drop, and a Segment hands out only a raw base pointer;
+// who touches which bytes, and with which atomics, is the ring protocol's business (see ring.rs).
+unsafe impl Send for Segment {}
+// SAFETY: as above; &Segment gives nothing but the address.
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// A fresh name for rank `rank`'s segment.
+    pub(crate) fn fresh_name(rank: usize) -> String {
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(crate::failure_record::unix_us() as u128);
+        format!(
+            "/{PREFIX}{}-{rank}-{:016x}",
+            std::process::id(),
+            hasher.finish()
+        )
+    }
+
+    /// Creates `name` with `len` bytes, all of them reserved now: on a full /dev/shm this fails
+    /// with ENOSPC instead of the first touch of a page killing the process with SIGBUS later.
+    pub(crate) fn create(name: &str, len: usize) -> io::Result<Segment> {
+        let c_name = CString::new(name).map_err(io::Error::other)?;
+        // SAFETY: c_name is a valid NUL-terminated string; the flags create a new object only.
+        let fd = unsafe {
+            libc::shm_open(
+                c_name.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC,
+                0o600,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut segment = Segment {
+            base: NonNull::dangling(),
+            len: 0,
+            linked: Some(c_name),
+        };
+        // SAFETY: fd is the descriptor shm_open just returned; posix_fallocate returns the error
+        // number rather than setting errno.
+        let reserved = unsafe { libc::posix_fallocate(fd, 0, len as libc::off_t) };
+        let mapped = match reserved {
+            0 => map(fd, len),
+            e => Err(io::Error::from_raw_os_error(e)),
+        };
+        // SAFETY: fd is ours and used no more; the mapping keeps the object alive.
+        unsafe { libc::close(fd) };
+        segment.base = mapped?;
+        segment.len = len;
+        Ok(segment)
+    }
+
+    /// Maps another rank's segment `name`, which must hold at least `len` bytes.
+    pub(crate) fn open(name: &str, len: usize) -> io::Result<Segment> {
+        let c_name = CString::new(name).map_err(io::Error::other)?;
+        // SAFETY: c_name is a valid NUL-terminated string.
+        let fd = unsafe { libc::shm_open(c_name.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is open and stat is a valid out-pointer.
+        let sized = match unsafe { libc::fstat(fd, &mut stat) } {
+            0 if stat.st_size as usize >= len => Ok(()),
+            0 => Err(io::Error::other(format!(
+                "it holds {} bytes, not {len}",
+                stat.st_size
+            ))),
+            _ => Err(io::Error::last_os_error()),
+        };
+        let mapped = sized.and_then(|_| map(fd, len));
+        // SAFETY: fd is ours and used no more.
+        unsafe { libc::close(fd) };
+        Ok(Segment {
+            base: mapped?,
+            len,
+            linked: None,
+        })
+    }
+
+    /// Removes the name (the memory stays mapped here and wherever else it is mapped).
+    pub(crate) fn unlink(&mut self) {
+        if let Some(name) = self.linked.take() {
+            // SAFETY: name is a valid NUL-terminated string.
+            unsafe { libc::shm_unlink(name.as_ptr()) };
+        }
+    }
+
+    /// The first byte of the mapping, page-aligned; `len()` bytes follow.
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        self.unlink();
+        if self.len > 0 {
+            // SAFETY: base and len are exactly what mmap returned and nothing uses them after drop.
+            unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+        }
+    }
+}
+
+/// Maps `len` bytes of `fd` shared, read and write.
+fn map(fd: libc::c_int, len: usize) -> io::Result<NonNull<u8>> {
+    // SAFETY: a fresh shared mapping of an open descriptor; the kernel picks the address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(NonNull::new(p.cast()).expect("mmap returned null"))
+}
+
+/// Removes segments of ours left by processes that no longer exist (killed while setting up);
+/// returns how many. Segments of live processes are left alone, whoever they belong to.
+pub(crate) fn sweep_stale() -> usize {
+    let Ok(entries) = std::fs::read_dir(SHM_DIR) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        if !process_exists(pid) {
+            if let Ok(c_name) = CString::new(format!("/{}", name.to_string_lossy())) {
+                // SAFETY: c_name is a valid NUL-terminated string.
+                if unsafe { libc::shm_unlink(c_name.as_ptr()) } == 0 {
+                    removed += 1;
+                }
+            }
+        }
+    }
+    removed
+}
+
+/// Whether a process with this pid exists (in this pid namespace).
+fn process_exists(pid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    let alive = unsafe { libc::kill(pid, 0) } == 0;
+    alive || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Segments of ours in /dev/shm now, by name: for tests that check nothing is left behind.
+pub fn leftovers() -> Vec<String> {
+    std::fs::read_dir(SHM_DIR)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with(PREFIX))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_segment_is_shared_and_its_name_goes_with_unlink() {
+        let name = Segment::fresh_name(0);
+        let mut ours = Segment::create(&name, 1 << 16).unwrap();
+        let theirs = Segment::open(&name, 1 << 16).unwrap();
+        // SAFETY: both mappings are 64 KiB long and this test is their only user.
+        unsafe {
+            *ours.base().add(100) = 42;
+            assert_eq!(*theirs.base().add(100), 42);
+        }
+        assert!(Segment::open(&name, 1 << 20).is_err(), "too short");
+        ours.unlink();
+        assert!(!leftovers().contains(&name[1..].to_string()));
+        assert!(Segment::open(&name, 1 << 16).is_err());
+    }
+
+    #[test]
+    fn a_stale_segment_of_a_dead_process_is_swept() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let name = format!("/{PREFIX}{dead}-0-feed");
+        let mut stale = Segment::create(&name, 4096).unwrap();
+        stale.linked = None; // as if its creator had been killed before removing it
+        let live = Segment::create(&Segment::fresh_name(1), 4096).unwrap();
+        assert!(sweep_stale() >= 1);
+        let left = leftovers();
+        assert!(!left.contains(&name[1..].to_string()), "{left:?}");
+        assert_eq!(
+            left.iter()
+                .filter(|n| n.contains(&format!("-{}-1-", std::process::id())))
+                .count(),
+            1
+        );
+        drop(live);
+    }
+}
