@@ -470,6 +470,75 @@ fn two_commruns_on_one_machine_form_one_job() {
     }
 }
 
+/// Two nodes whose host names differ (node 1 runs in a UTS namespace of its own, with its own
+/// host name, as a second machine would have): the ranks of each node share memory, and the
+/// pairs across nodes stay on TCP. Needs `unshare --uts` (root): skipped, saying so, without.
+#[test]
+fn across_hosts_pairs_use_tcp_and_within_a_host_shared_memory() {
+    if !Command::new("unshare")
+        .args(["--uts", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!("skipped: `unshare --uts` is not permitted here (it needs root)");
+        return;
+    }
+    let allreduce = example("02-allreduce");
+    let port = free_port().to_string();
+    let node = |rank: &str| {
+        let args = [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            rank,
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            &port,
+        ];
+        let mut command = commrun(&args);
+        command
+            .arg(&allreduce)
+            .args(["--backend", "cpu", "--timeout", "60", "--len", "3"]);
+        if rank == "1" {
+            // The same command, started in a namespace whose host name is "other-node".
+            let program = command.get_program().to_owned();
+            let args: Vec<_> = command.get_args().map(|a| a.to_owned()).collect();
+            let mut other = Command::new("unshare");
+            other
+                .args([
+                    "--uts",
+                    "sh",
+                    "-c",
+                    "hostname other-node && exec \"$0\" \"$@\"",
+                ])
+                .arg(program)
+                .args(args)
+                .plainly()
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            return start(&mut other);
+        }
+        start(&mut command)
+    };
+    let node1 = node("1");
+    let node0 = node("0");
+    let (code0, out0, err0) = finish(node0, Duration::from_secs(90));
+    let (code1, _, err1) = finish(node1, Duration::from_secs(90));
+    assert_eq!((code0, code1), (0, 0), "node 0:\n{err0}\nnode 1:\n{err1}");
+    assert!(
+        out0.contains(
+            "[0]: transport: shm+tcp (rank 0: shared memory to 1 rank of its host, TCP to 2)"
+        ),
+        "{out0}"
+    );
+    let rows = Grid::titled("After reduce:").prefix("[0]: ").read(&out0);
+    assert_eq!(rows, vec![vec!["4"; 3]; 4]);
+}
+
 /// What a worker does in the scenarios below (this test binary, started by commrun).
 fn as_worker(scenario: &str) -> ! {
     #[derive(Parser)]
