@@ -352,3 +352,26 @@ fn a_peer_disappears(wire: Wire) {
         "{wire:?}: {message}"
     );
 }
+
+/// A peer that has all it needs from this rank may finish and exit while this rank still waits
+/// on another: that is not an error (only a peer still owed something is watched).
+#[test]
+fn a_peer_that_finished_its_part_may_leave() {
+    for wire in [Wire::Tcp, Wire::Shm] {
+        let results = on_ranks(3, wire, |comm| {
+            let data = comm.buffer(&[7i32; 1000]).unwrap();
+            let mut got = comm.zeros::<i32>(1000).unwrap();
+            match comm.rank() {
+                // Receives rank 1's message, then is done: its links close as it returns.
+                0 => comm.recv(&mut got, 1).map(|_| 0),
+                1 => comm.send_recv(&data, 0, &mut got, 2).map(|_| 1),
+                _ => {
+                    std::thread::sleep(Duration::from_millis(300));
+                    comm.send(&data, 1).map(|_| 2)
+                }
+            }
+            .map_err(|e| e.to_string())
+        });
+        assert_eq!(results, vec![Ok(0), Ok(1), Ok(2)], "{wire:?}");
+    }
+}

@@ -475,11 +475,19 @@ impl Transport for ShmTransport {
         let (out_size, in_size) = (outgoing.slot_bytes(), incoming.slot_bytes());
         let (to_send, to_take) = (piece_count(data.len(), out_size), piece_count(len, in_size));
         let (mut sent, mut taken) = (0, 0);
-        let watch = [(from, "receiving from"), (to, "sending to")];
         while sent < to_send || taken < to_take {
             let can_send = || sent < to_send && outgoing.can_write();
             let can_take = || taken < to_take && incoming.can_read();
             if !can_send() && !can_take() {
+                // Only the peers still owed something: one that has all it needs from this
+                // rank may finish its part and exit.
+                let watch: Vec<_> = [
+                    (taken < to_take).then_some((from, "receiving from")),
+                    (sent < to_send).then_some((to, "sending to")),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
                 self.wait(deadline, || can_send() || can_take(), &watch)?;
             }
             if can_send() {
