@@ -72,6 +72,33 @@ pub fn broadcast<T: Element>(t: &dyn Transport, buf: &mut [T], root: usize) -> R
     }
 }
 
+/// [`broadcast`] from the root's `send` into every rank's `recv`. The root of a long buffer
+/// copies each segment into its own `recv` just after sending it, while the segment is still in
+/// cache, instead of copying the whole buffer first.
+pub fn broadcast_into<T: Element>(
+    t: &dyn Transport,
+    send: &[T],
+    recv: &mut [T],
+    root: usize,
+) -> Result<()> {
+    let _call = CallScope::new(t);
+    let n = t.world_size();
+    if t.rank() != root {
+        return broadcast(t, recv, root);
+    }
+    if n == 1 || std::mem::size_of_val(send) <= SMALL_BYTES {
+        recv.copy_from_slice(send);
+        return broadcast(t, recv, root);
+    }
+    let segment = (SEGMENT_BYTES / std::mem::size_of::<T>()).max(1);
+    let next = absolute(1, root, n);
+    for (from, to) in send.chunks(segment).zip(recv.chunks_mut(segment)) {
+        t.send(next, cast_slice(from))?;
+        to.copy_from_slice(from);
+    }
+    Ok(())
+}
+
 /// Binomial tree: in round k every rank that has the data sends it 2^k ranks further.
 fn tree_broadcast(t: &dyn Transport, bytes: &mut [u8], root: usize) -> Result<()> {
     let (n, vr) = (t.world_size(), relative(t.rank(), root, t.world_size()));

@@ -56,10 +56,7 @@ impl CpuBackend {
         recv: &mut [T],
         root: usize,
     ) -> Result<()> {
-        if self.transport.rank() == root {
-            recv.copy_from_slice(send);
-        }
-        self.broadcast(recv, root)
+        algorithms::broadcast_into(self.transport(), send, recv, root)
     }
 
     /// Every rank's `buf` ends with the element-wise reduction of all ranks' buffers.
