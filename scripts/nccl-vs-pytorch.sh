@@ -52,8 +52,10 @@ trap 'rm -rf "$work"' EXIT
 for mb in $SIZES_MB; do
   bytes=$((mb * 1000000))
   "$BIN_DIR/comm-bench" --backend "$BACKEND" --world-sizes "$WORLD_SIZE" -b "$bytes" -e "$bytes" \
-    -n "$ITERS" -w "$WARMUP" --collectives all_reduce -d float --csv "$work/ours-$mb.csv" >&2
-  ours_us=$(awk -F, '$10 == "in-place" { print $13 }' "$work/ours-$mb.csv")
+    -n "$ITERS" -w "$WARMUP" -z 1 --collectives all_reduce -d float --csv "$work/ours-$mb.csv" >&2
+  # Columns by their header names, so a column added to the CSV cannot shift what is read.
+  ours_us=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    $col["placement"] == "in-place" { print $col["time_us_median"] }' "$work/ours-$mb.csv")
   if [ -z "$ours_us" ]; then
     echo "nccl-vs-pytorch: comm-bench wrote no in-place row for $mb MB ($work/ours-$mb.csv)" >&2
     exit 1
@@ -63,7 +65,8 @@ done
 
 # Theirs: one torch.distributed job of WORLD_SIZE processes timing every size; rank 0 writes
 # "MB median_us" lines.
-"$PYTHON" - "$BACKEND" "$WORLD_SIZE" "$ITERS" "$WARMUP" "$work/theirs" $SIZES_MB <<'PY'
+# From a file, not stdin: torch.multiprocessing's spawned ranks re-import the main script.
+cat >"$work/theirs.py" <<'PY'
 import socket, statistics, sys, time
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 
@@ -106,6 +109,7 @@ if __name__ == "__main__":
     mp.spawn(rank_main, args=(backend, world_size, iters, warmup, out, sizes, port),
              nprocs=world_size)
 PY
+"$PYTHON" "$work/theirs.py" "$BACKEND" "$WORLD_SIZE" "$ITERS" "$WARMUP" "$work/theirs" $SIZES_MB
 
 # One block per size: both medians and the ratio.
 awk -v n="$WORLD_SIZE" -v be="$BACKEND" '

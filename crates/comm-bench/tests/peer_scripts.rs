@@ -1,6 +1,6 @@
 //! scripts/cpu-vs-gloo.sh, the peer comparison of our CPU backend with PyTorch's Gloo: what it
 //! refuses (and that it refuses before running anything), and, where a Python with torch is
-//! named by NCCL_WORKSHOP_TEST_TORCH_PYTHON, a tiny real run.
+//! named by NCCL_WORKSHOP_TEST_PYTHON, a tiny real run.
 
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
@@ -119,12 +119,12 @@ fn help_prints_the_usage_and_other_arguments_are_refused() {
     assert!(bad.stderr.contains("'--sizes'"), "{}", bad.stderr);
 }
 
-/// A real comparison: 2 ranks, 1 MB, the four collectives. NCCL_WORKSHOP_TEST_TORCH_PYTHON names
+/// A real comparison: 2 ranks, 1 MB, the four collectives. NCCL_WORKSHOP_TEST_PYTHON names
 /// a python with torch; without it the test skips (CI has no torch).
 #[test]
 fn a_tiny_run_against_gloo_where_torch_is() {
-    let Some(python) = std::env::var_os("NCCL_WORKSHOP_TEST_TORCH_PYTHON") else {
-        eprintln!("skipped: set NCCL_WORKSHOP_TEST_TORCH_PYTHON to a python that has torch");
+    let Some(python) = std::env::var_os("NCCL_WORKSHOP_TEST_PYTHON") else {
+        eprintln!("skipped: set NCCL_WORKSHOP_TEST_PYTHON to a python that has torch");
         return;
     };
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_comm-bench"))
