@@ -192,7 +192,7 @@ fn profiler(plan: &Plan, rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, Strin
 }
 
 /// The course's name of a backend's CSV: `nccl_gpu_benchmark.csv` as in the course; the CPU
-/// backend (comm-bench's TCP transport, where the course ran Gloo) as `tcp_cpu_benchmark.csv`.
+/// backend (comm-bench's CPU backend, where the course ran Gloo) as `tcp_cpu_benchmark.csv`.
 pub fn sweep_csv_name(backend: &str) -> String {
     match backend {
         "nccl" => "nccl_gpu_benchmark.csv".into(),

@@ -23,6 +23,7 @@ use bytemuck::{cast_slice, cast_slice_mut};
 use super::transport::{CallScope, Transport, PIECE_BYTES};
 use crate::dtype::{self, finish, reduce_pair, Element, ReduceOp};
 use crate::error::{CommError, Result};
+use crate::memory::copy_streaming;
 
 /// Up to this many bytes, latency matters more than bandwidth.
 const SMALL_BYTES: usize = 64 << 10;
@@ -94,7 +95,7 @@ pub fn broadcast_into<T: Element>(
     let next = absolute(1, root, n);
     for (from, to) in send.chunks(segment).zip(recv.chunks_mut(segment)) {
         t.send(next, cast_slice(from))?;
-        to.copy_from_slice(from);
+        copy_streaming(cast_slice_mut(to), cast_slice(from));
     }
     Ok(())
 }

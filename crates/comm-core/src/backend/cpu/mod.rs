@@ -99,7 +99,8 @@ impl CpuBackend {
     /// `recv` (world_size × send.len()) gets every rank's `send`, in rank order.
     pub fn all_gather_into<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         let rank = self.transport.rank();
-        recv[rank * send.len()..(rank + 1) * send.len()].copy_from_slice(send);
+        let own = &mut recv[rank * send.len()..(rank + 1) * send.len()];
+        crate::memory::copy_streaming(bytemuck::cast_slice_mut(own), bytemuck::cast_slice(send));
         self.all_gather(recv)
     }
 

@@ -29,6 +29,7 @@ use super::tcp::TcpTransport;
 use super::transport::{size_mismatch, threaded_send_recv_with, Deadline, Sink, Transport};
 use super::TransportChoice;
 use crate::error::{CommError, Result};
+use crate::memory::copy_streaming;
 use crate::store::Store;
 
 pub use segment::leftovers;
@@ -440,7 +441,7 @@ impl Transport for ShmTransport {
         for i in 0..piece_count(len, size) {
             self.wait(deadline, || ring.can_read(), &[(peer, "receiving from")])?;
             let copy = &mut |offset: usize, piece: &[u8]| {
-                out[offset..offset + piece.len()].copy_from_slice(piece)
+                copy_streaming(&mut out[offset..offset + piece.len()], piece)
             };
             self.take_piece(pair, &ring, peer, len, i * size, copy)?;
         }
@@ -450,7 +451,7 @@ impl Transport for ShmTransport {
     fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
         let len = out.len();
         self.send_recv_with(to, data, from, len, &mut |offset, piece| {
-            out[offset..offset + piece.len()].copy_from_slice(piece)
+            copy_streaming(&mut out[offset..offset + piece.len()], piece)
         })
     }
 
