@@ -247,11 +247,11 @@ pub fn reduce_into<T: Element>(op: ReduceOp, acc: &mut [T], other: &[T]) {
 
 /// `out[i] = a[i] op b[i]`: [`reduce_into`] for an out-of-place reduction, with the same
 /// operand order (so the same bits). A long `out` is reduced 4 KiB at a time into a buffer that
-/// stays in cache and streamed out from there (`crate::memory::stream`), so writing
+/// stays in cache and streamed out from there (`crate::streaming::stream`), so writing
 /// it costs no more than reducing in place.
 pub fn reduce_pair<T: Element>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
     debug_assert!(out.len() == a.len() && a.len() == b.len());
-    if std::mem::size_of_val(out) < crate::memory::STREAMING_BYTES {
+    if std::mem::size_of_val(out) < crate::streaming::STREAMING_BYTES {
         return reduce_pair_cached(op, out, a, b);
     }
     // u64s: aligned for every element type.
@@ -261,7 +261,7 @@ pub fn reduce_pair<T: Element>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
     for ((out, a), b) in out.chunks_mut(step).zip(a.chunks(step)).zip(b.chunks(step)) {
         let chunk = &mut chunk[..out.len()];
         reduce_pair_cached(op, chunk, a, b);
-        crate::memory::stream(bytemuck::cast_slice_mut(out), bytemuck::cast_slice(chunk));
+        crate::streaming::stream(bytemuck::cast_slice_mut(out), bytemuck::cast_slice(chunk));
     }
 }
 

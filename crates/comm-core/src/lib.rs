@@ -22,6 +22,7 @@ pub mod memory;
 pub mod profile;
 pub mod spawn;
 pub mod store;
+pub mod streaming;
 pub mod timing;
 pub mod topology;
 

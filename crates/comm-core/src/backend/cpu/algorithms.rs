@@ -23,7 +23,7 @@ use bytemuck::{cast_slice, cast_slice_mut};
 use super::transport::{CallScope, Transport, PIECE_BYTES};
 use crate::dtype::{self, finish, reduce_pair, Element, ReduceOp};
 use crate::error::{CommError, Result};
-use crate::memory::copy_streaming;
+use crate::streaming::copy_streaming;
 
 /// Up to this many bytes, latency matters more than bandwidth.
 const SMALL_BYTES: usize = 64 << 10;

@@ -100,7 +100,7 @@ impl CpuBackend {
     pub fn all_gather_into<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         let rank = self.transport.rank();
         let own = &mut recv[rank * send.len()..(rank + 1) * send.len()];
-        crate::memory::copy_streaming(bytemuck::cast_slice_mut(own), bytemuck::cast_slice(send));
+        crate::streaming::copy_streaming(bytemuck::cast_slice_mut(own), bytemuck::cast_slice(send));
         self.all_gather(recv)
     }
 

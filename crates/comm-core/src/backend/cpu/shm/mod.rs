@@ -29,8 +29,8 @@ use super::tcp::TcpTransport;
 use super::transport::{size_mismatch, threaded_send_recv_with, Deadline, Sink, Transport};
 use super::TransportChoice;
 use crate::error::{CommError, Result};
-use crate::memory::copy_streaming;
 use crate::store::Store;
+use crate::streaming::copy_streaming;
 
 pub use segment::leftovers;
 
