@@ -1,6 +1,7 @@
-//! scripts/cpu-vs-gloo.sh, the peer comparison of our CPU backend with PyTorch's Gloo: what it
-//! refuses (and that it refuses before running anything), and, where a Python with torch is
-//! named by NCCL_WORKSHOP_TEST_PYTHON, a tiny real run.
+//! The peer comparisons of our CPU backend: scripts/cpu-vs-gloo.sh with PyTorch's Gloo and
+//! scripts/cpu-vs-openmpi.sh with Open MPI over shared memory. What each refuses (and that it
+//! refuses before running anything), and a tiny real run where the peer is at hand: a Python
+//! with torch named by NCCL_WORKSHOP_TEST_PYTHON, Open MPI's mpicc and mpirun on PATH.
 
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
@@ -12,14 +13,16 @@ use test_support::process::{scratch, start, Finished, Plainly};
 
 const COLLECTIVES: [&str; 4] = ["all_reduce", "broadcast", "all_gather", "reduce_scatter"];
 
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/cpu-vs-gloo.sh")
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts")
+        .join(name)
 }
 
-/// The script run with `env`, within `limit`.
-fn cpu_vs_gloo(args: &[&str], env: &[(&str, &OsStr)], limit: Duration) -> Finished {
+/// scripts/`name` run with `env` (the knobs not in it unset), within `limit`.
+fn run_script(name: &str, args: &[&str], env: &[(&str, &OsStr)], limit: Duration) -> Finished {
     let mut c = Command::new("bash");
-    c.arg(script()).args(args).plainly();
+    c.arg(script(name)).args(args).plainly();
     for var in [
         "COLLECTIVES",
         "WORLD_SIZES",
@@ -27,11 +30,21 @@ fn cpu_vs_gloo(args: &[&str], env: &[(&str, &OsStr)], limit: Duration) -> Finish
         "ITERS",
         "WARMUP",
         "TRANSPORT",
+        "MPICC",
+        "MPIRUN",
     ] {
         c.env_remove(var);
     }
     c.envs(env.iter().copied());
     start(&mut c).finish(limit)
+}
+
+fn cpu_vs_gloo(args: &[&str], env: &[(&str, &OsStr)], limit: Duration) -> Finished {
+    run_script("cpu-vs-gloo.sh", args, env, limit)
+}
+
+fn cpu_vs_openmpi(args: &[&str], env: &[(&str, &OsStr)], limit: Duration) -> Finished {
+    run_script("cpu-vs-openmpi.sh", args, env, limit)
 }
 
 /// An executable shell script `dir/name` with `body`.
@@ -42,18 +55,55 @@ fn executable(dir: &Path, name: &str, body: &str) -> PathBuf {
     path
 }
 
-/// A folder with a stand-in comm-bench that only leaves `ran` behind, and a Python that cannot
-/// import torch whatever this machine has installed (no site-packages, no PYTHON* variables).
-fn without_torch(name: &str) -> (PathBuf, PathBuf, PathBuf) {
+/// A folder with a stand-in comm-bench that only leaves `ran` behind, and that file's path.
+fn with_stand_in_bench(name: &str) -> (PathBuf, PathBuf) {
     let dir = scratch(name);
     executable(
         &dir,
         "comm-bench",
         &format!("touch '{}'", dir.join("ran").display()),
     );
-    let python = executable(&dir, "python-without-torch", "exec python3 -I -S \"$@\"");
     let ran = dir.join("ran");
+    (dir, ran)
+}
+
+/// [`with_stand_in_bench`] and a Python that cannot import torch whatever this machine has
+/// installed (no site-packages, no PYTHON* variables).
+fn without_torch(name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let (dir, ran) = with_stand_in_bench(name);
+    let python = executable(&dir, "python-without-torch", "exec python3 -I -S \"$@\"");
     (dir, python, ran)
+}
+
+/// The rows of a peer script's table for the four collectives, checked: 2 ranks, 1MB, the
+/// placement compared is the peer's call's, every time and ratio positive; and a summary line
+/// per collective, "NAME: smallest PEER / ours ".
+fn assert_tiny_table(stdout: &str, peer: &str) {
+    // | collective | ranks | size | ours (ms) | ours compared | PEER (ms) | PEER / ours | other |
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>())
+        .filter(|cells| cells.len() == 10 && COLLECTIVES.contains(&cells[1]))
+        .collect();
+    assert_eq!(rows.len(), 4, "{stdout}");
+    let positive = |cell: &str| cell.parse::<f64>().is_ok_and(|v| v > 0.0);
+    for (row, name) in rows.iter().zip(COLLECTIVES) {
+        assert_eq!(&row[1..4], [name, "2", "1MB"], "{stdout}");
+        let compared = match name {
+            "all_reduce" | "broadcast" => "in-place",
+            _ => "out-of-place",
+        };
+        assert_eq!(row[5], compared, "{stdout}");
+        for cell in [row[4], row[6], row[7], row[8].split(' ').next().unwrap()] {
+            assert!(positive(cell), "{cell:?} in\n{stdout}");
+        }
+    }
+    for name in COLLECTIVES {
+        assert!(
+            stdout.contains(&format!("{name}: smallest {peer} / ours ")),
+            "{name} summary in\n{stdout}"
+        );
+    }
 }
 
 #[test]
@@ -143,32 +193,126 @@ fn a_tiny_run_against_gloo_where_torch_is() {
         Duration::from_secs(300),
     );
     out.assert_success("cpu-vs-gloo.sh");
-    // | collective | ranks | size | ours (ms) | ours compared | Gloo (ms) | Gloo / ours | other |
-    let rows: Vec<Vec<&str>> = out
-        .stdout
-        .lines()
-        .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>())
-        .filter(|cells| cells.len() == 10 && COLLECTIVES.contains(&cells[1]))
-        .collect();
-    assert_eq!(rows.len(), 4, "{}", out.stdout);
-    let positive = |cell: &str| cell.parse::<f64>().is_ok_and(|v| v > 0.0);
-    for (row, name) in rows.iter().zip(COLLECTIVES) {
-        assert_eq!(&row[1..4], [name, "2", "1MB"], "{}", out.stdout);
-        let compared = match name {
-            "all_reduce" | "broadcast" => "in-place",
-            _ => "out-of-place",
-        };
-        assert_eq!(row[5], compared, "{}", out.stdout);
-        for cell in [row[4], row[6], row[7], row[8].split(' ').next().unwrap()] {
-            assert!(positive(cell), "{cell:?} in\n{}", out.stdout);
-        }
+    assert_tiny_table(&out.stdout, "Gloo");
+}
+
+/// MPICC and MPIRUN naming programs that do not exist, in the stand-in comm-bench's folder.
+fn missing_mpi(dir: &Path) -> (PathBuf, PathBuf) {
+    (dir.join("no-such-mpicc"), dir.join("no-such-mpirun"))
+}
+
+#[test]
+fn without_open_mpi_it_says_so_and_runs_nothing() {
+    let (dir, ran) = with_stand_in_bench("openmpi-missing");
+    let (mpicc, mpirun) = missing_mpi(&dir);
+    let out = cpu_vs_openmpi(
+        &[],
+        &[
+            ("BIN_DIR", dir.as_os_str()),
+            ("MPICC", mpicc.as_os_str()),
+            ("MPIRUN", mpirun.as_os_str()),
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.code_or_signal(), 2, "{out:?}");
+    let stderr = out.stderr.trim_end();
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    for part in [
+        mpicc.to_str().unwrap(),
+        mpirun.to_str().unwrap(),
+        "Open MPI",
+        "apt-get install openmpi-bin libopenmpi-dev",
+        "MPICC=",
+        "MPIRUN=",
+    ] {
+        assert!(stderr.contains(part), "{part:?} in {stderr}");
     }
-    for name in COLLECTIVES {
-        assert!(
-            out.stdout
-                .contains(&format!("{name}: smallest Gloo / ours ")),
-            "{name} summary in\n{}",
-            out.stdout
+    assert!(out.stdout.is_empty(), "{}", out.stdout);
+    assert!(!ran.exists(), "comm-bench ran although Open MPI is missing");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_unknown_collective_is_refused_before_open_mpi_is_looked_for() {
+    let (dir, ran) = with_stand_in_bench("openmpi-bogus");
+    let (mpicc, mpirun) = missing_mpi(&dir);
+    let out = cpu_vs_openmpi(
+        &[],
+        &[
+            ("BIN_DIR", dir.as_os_str()),
+            ("MPICC", mpicc.as_os_str()),
+            ("MPIRUN", mpirun.as_os_str()),
+            ("COLLECTIVES", OsStr::new("all_reduce bogus")),
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.code_or_signal(), 2, "{out:?}");
+    assert!(out.stderr.contains("'bogus'"), "{}", out.stderr);
+    // The knobs come first: the missing Open MPI is not what it reports.
+    assert!(!out.stderr.contains("apt-get"), "{}", out.stderr);
+    assert!(!ran.exists(), "comm-bench ran with a bad COLLECTIVES");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn open_mpi_help_prints_the_usage_and_other_arguments_are_refused() {
+    let help = cpu_vs_openmpi(&["--help"], &[], Duration::from_secs(30));
+    help.assert_success("cpu-vs-openmpi.sh --help");
+    for knob in [
+        "BIN_DIR",
+        "MPICC",
+        "MPIRUN",
+        "WORLD_SIZES",
+        "SIZES",
+        "COLLECTIVES",
+        "TRANSPORT",
+    ] {
+        assert!(help.stdout.contains(knob), "{knob} in\n{}", help.stdout);
+    }
+    let bad = cpu_vs_openmpi(&["--sizes"], &[], Duration::from_secs(30));
+    assert_eq!(bad.code_or_signal(), 2, "{bad:?}");
+    assert!(bad.stderr.contains("'--sizes'"), "{}", bad.stderr);
+}
+
+/// Whether `program` is an executable file in a folder of PATH.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            std::fs::metadata(dir.join(program))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
+/// A real comparison: 2 ranks, 1 MB, the four collectives, where mpicc and mpirun are on PATH;
+/// without them the test skips (CI may have no Open MPI).
+#[test]
+fn a_tiny_run_against_open_mpi_where_it_is() {
+    if !on_path("mpicc") || !on_path("mpirun") {
+        eprintln!(
+            "skipped: no mpicc and mpirun on PATH (apt-get install openmpi-bin libopenmpi-dev)"
         );
+        return;
     }
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_comm-bench"))
+        .parent()
+        .unwrap();
+    let out = cpu_vs_openmpi(
+        &[],
+        &[
+            ("BIN_DIR", bin_dir.as_os_str()),
+            ("WORLD_SIZES", OsStr::new("2")),
+            ("SIZES", OsStr::new("1MB")),
+            ("ITERS", OsStr::new("3")),
+            ("WARMUP", OsStr::new("1")),
+        ],
+        Duration::from_secs(300),
+    );
+    out.assert_success("cpu-vs-openmpi.sh");
+    let header = out.stdout.lines().next().unwrap_or_default();
+    assert!(
+        header.contains("Open MPI ") && header.contains("pml ob1, btl self,"),
+        "{header}"
+    );
+    assert_tiny_table(&out.stdout, "OpenMPI");
 }
