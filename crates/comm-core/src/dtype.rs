@@ -261,8 +261,12 @@ pub fn reduce_pair<T: Element>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
     for ((out, a), b) in out.chunks_mut(step).zip(a.chunks(step)).zip(b.chunks(step)) {
         let chunk = &mut chunk[..out.len()];
         reduce_pair_cached(op, chunk, a, b);
-        crate::streaming::stream(bytemuck::cast_slice_mut(out), bytemuck::cast_slice(chunk));
+        crate::streaming::stream_unfenced(
+            bytemuck::cast_slice_mut(out),
+            bytemuck::cast_slice(chunk),
+        );
     }
+    crate::streaming::fence();
 }
 
 /// [`reduce_pair`] with ordinary stores.

@@ -18,12 +18,18 @@ pub fn copy_streaming(dst: &mut [u8], src: &[u8]) {
 }
 
 /// `dst.copy_from_slice(src)` with streaming stores, whatever the length (where the CPU has
-/// them; elsewhere an ordinary copy).
+/// them; elsewhere an ordinary copy), then a fence.
 pub(crate) fn stream(dst: &mut [u8], src: &[u8]) {
+    stream_unfenced(dst, src);
+    fence();
+}
+
+/// [`stream`] without the fence: for a run of pieces, followed by one [`fence`].
+pub(crate) fn stream_unfenced(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "stream: lengths differ");
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
         const LANE: usize = 16;
         let head = dst.as_ptr().align_offset(LANE).min(dst.len());
         dst[..head].copy_from_slice(&src[..head]);
@@ -37,13 +43,20 @@ pub(crate) fn stream(dst: &mut [u8], src: &[u8]) {
                 _mm_stream_si128(dst.as_mut_ptr().add(at) as *mut __m128i, lane);
             }
         }
-        // SAFETY: SSE2; orders the streaming stores before any later store (another rank may
-        // read this memory once we say it is written).
-        unsafe { _mm_sfence() };
         dst[head + body..].copy_from_slice(&src[head + body..]);
     }
     #[cfg(not(target_arch = "x86_64"))]
     dst.copy_from_slice(src);
+}
+
+/// Orders streaming stores before any later store (another rank may read this memory once we
+/// say it is written).
+pub(crate) fn fence() {
+    // SAFETY: SSE2 is part of x86_64.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }
 
 #[cfg(test)]

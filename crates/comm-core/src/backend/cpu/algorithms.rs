@@ -365,13 +365,16 @@ pub fn reduce_scatter_into<T: Element>(
     if n == 1 {
         recv.copy_from_slice(send);
     } else {
-        let mut spare = vec![T::default(); recv.len()];
-        let partials = Partials::Alternating {
-            input: send,
-            out: &mut *recv,
-            spare: &mut spare,
-        };
-        ring_reduce_scatter(t, partials, op, &blocks)?;
+        // Two ranks take one step, straight into `recv`: no partial sum needs a spare.
+        let spare_len = if n > 2 { recv.len() } else { 0 };
+        with_scratch(spare_len, |spare: &mut [T]| {
+            let partials = Partials::Alternating {
+                input: send,
+                out: &mut *recv,
+                spare,
+            };
+            ring_reduce_scatter(t, partials, op, &blocks)
+        })?;
     }
     debug_assert_eq!(blocks[rank].len(), recv.len());
     finish(op, recv, n);
@@ -479,15 +482,45 @@ fn reduce_off_root<T: Element>(
     }
     let blocks: Vec<_> = (0..n).map(|i| block(input.len(), n, i)).collect();
     let longest = blocks.iter().map(|b| b.len()).max().unwrap_or(0);
-    let (mut out, mut spare) = (vec![T::default(); longest], vec![T::default(); longest]);
-    let partials = Partials::Alternating {
-        input,
-        out: &mut out,
-        spare: &mut spare,
-    };
-    ring_reduce_scatter(t, partials, op, &blocks)?;
-    t.send(root, cast_slice(&out[..blocks[rank].len()]))
+    with_scratch(2 * longest, |scratch: &mut [T]| {
+        let (out, spare) = scratch.split_at_mut(longest);
+        let partials = Partials::Alternating {
+            input,
+            out: &mut *out,
+            spare,
+        };
+        ring_reduce_scatter(t, partials, op, &blocks)?;
+        t.send(root, cast_slice(&out[..blocks[rank].len()]))
+    })
 }
+
+thread_local! {
+    /// Scratch kept between calls: a fresh buffer of a block's size per call would cost its
+    /// page faults every time (tens of milliseconds for 50 MB), more than the reduction itself.
+    static SCRATCH: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `body` with `len` elements of scratch (contents unspecified), reused by later calls on
+/// this thread.
+fn with_scratch<T: Element, R>(len: usize, body: impl FnOnce(&mut [T]) -> R) -> R {
+    SCRATCH.with(|cell| {
+        let mut words = cell.borrow_mut();
+        let needed = (len * std::mem::size_of::<T>()).div_ceil(8);
+        if words.len() < needed {
+            words.resize(needed, 0);
+        }
+        let bytes: &mut [u8] = cast_slice_mut(&mut words[..needed]);
+        let result = body(&mut cast_slice_mut(bytes)[..len]);
+        // Kept up to a bound: a 1 GB call should not pin its scratch for the process's life.
+        if words.len() * 8 > SCRATCH_KEPT_BYTES {
+            *words = Vec::new();
+        }
+        result
+    })
+}
+
+/// The most scratch kept between calls.
+const SCRATCH_KEPT_BYTES: usize = 256 << 20;
 
 /// Binomial tree towards the root: in round k, ranks with bit k set hand their partial result to
 /// the rank 2^k below and drop out.
