@@ -176,6 +176,23 @@ fn bad_input_gets_a_clear_message() {
     assert!(e.contains("RANK=3 but WORLD_SIZE=2"), "{e}");
 }
 
+/// `01-broadcast | head -0`: the pipe's reader is gone before the program prints. The ranks end
+/// by SIGPIPE as Unix programs do, and the launcher says so, with no panic.
+#[test]
+fn output_closed_early_ends_the_job_without_a_panic() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let output = Command::new(example("01-broadcast"))
+        .plainly()
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(141), "128 + SIGPIPE:\n{stderr}");
+    assert!(stderr.contains("its output was closed"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 #[test]
 fn a_port_in_use_is_reported_by_rank_zero() {
     let taken = std::net::TcpListener::bind(("0.0.0.0", 0)).unwrap();

@@ -104,6 +104,7 @@ pub fn run_job(
     match topology {
         None => spawn_ranks(args),
         Some(topology) => {
+            output_closed_ends_the_rank();
             let rank = topology.rank;
             let job = args
                 .timeout()
@@ -118,6 +119,14 @@ pub fn run_job(
             }
         }
     }
+}
+
+/// A rank whose output is closed (`| head` has read enough) ends as any Unix program does, by
+/// SIGPIPE, and its launcher says so, instead of panicking in the middle of a print. Rust
+/// ignores SIGPIPE by default; sockets are unaffected (Rust sends with MSG_NOSIGNAL).
+fn output_closed_ends_the_rank() {
+    // SAFETY: restoring a signal's default disposition has no preconditions.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
 
 /// The parent's job: choose how many ranks, start them, report how they ended.

@@ -142,6 +142,11 @@ impl Failure {
     pub fn describe(&self) -> String {
         match (self.status.code(), self.status.signal()) {
             (Some(code), _) => format!("rank {} exited with code {code}", self.rank),
+            (None, Some(libc::SIGPIPE)) => format!(
+                "rank {} stopped: its output was closed (SIGPIPE; the reader of a pipe such as \
+                 `| head` ended before the program did)",
+                self.rank
+            ),
             (None, Some(sig)) => format!(
                 "rank {} was killed by signal {sig} ({})",
                 self.rank,
