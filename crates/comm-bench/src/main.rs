@@ -9,6 +9,8 @@ fn main() -> ExitCode {
     // First thing: link pip's libnccl.so.2 and restart if needed, before any socket or rank
     // (a failure becomes the NCCL backend's reason, as in comm_core::launch).
     let _ = comm_core::backend::prepare();
+    // `comm-bench … | head` ends quietly, as Unix tools do, instead of panicking in a print.
+    comm_core::launch::end_on_closed_output();
     let cli = Cli::parse();
     let code = match &cli.command {
         Some(Command::Report(args)) => match comm_bench::report::report(&args.files, &args.out) {

@@ -503,3 +503,28 @@ fn the_pytorch_comparison_script_runs_where_torch_is() {
         assert!(stdout.contains(line), "{line} in\n{stdout}");
     }
 }
+
+/// `comm-bench … | head -0`: the pipe's reader is gone before anything is printed. The run ends
+/// by SIGPIPE as Unix tools do, says so, and panics nowhere.
+#[test]
+fn output_closed_early_ends_the_run_without_a_panic() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let output = comm_bench()
+        .args([
+            "--backend",
+            "cpu",
+            "--world-sizes",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "4K",
+        ])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(141), "128 + SIGPIPE:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -104,7 +104,7 @@ pub fn run_job(
     match topology {
         None => spawn_ranks(args),
         Some(topology) => {
-            output_closed_ends_the_rank();
+            end_on_closed_output();
             let rank = topology.rank;
             let job = args
                 .timeout()
@@ -121,10 +121,11 @@ pub fn run_job(
     }
 }
 
-/// A rank whose output is closed (`| head` has read enough) ends as any Unix program does, by
-/// SIGPIPE, and its launcher says so, instead of panicking in the middle of a print. Rust
-/// ignores SIGPIPE by default; sockets are unaffected (Rust sends with MSG_NOSIGNAL).
-fn output_closed_ends_the_rank() {
+/// A process whose output is closed (`| head` has read enough) ends as any Unix program does, by
+/// SIGPIPE (a rank's launcher says so), instead of panicking in the middle of a print. Rust
+/// ignores SIGPIPE by default; sockets are unaffected (Rust sends with MSG_NOSIGNAL). Every rank
+/// calls it; a launcher that prints may too, as its ranks die with it (spawn's PDEATHSIG).
+pub fn end_on_closed_output() {
     // SAFETY: restoring a signal's default disposition has no preconditions.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
