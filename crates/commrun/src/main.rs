@@ -17,6 +17,9 @@ use clap::Parser;
 use comm_core::spawn::{self, Outcome};
 
 fn main() -> ExitCode {
+    // `commrun … | head` ends quietly, as Unix tools do (its workers die with it: PDEATHSIG),
+    // instead of panicking while relaying a line.
+    comm_core::launch::end_on_closed_output();
     let cli = cli::Cli::parse();
     let code = match launch(&cli) {
         Ok(code) => code,

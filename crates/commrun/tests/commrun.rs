@@ -701,3 +701,31 @@ fn bad_input_gets_a_clear_message_and_no_panic() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("is a directory"));
 }
+
+/// `commrun … | head -0`: the pipe's reader is gone before the first line is relayed. commrun
+/// ends by SIGPIPE as Unix tools do, with no panic, and its workers go with it.
+#[test]
+fn output_closed_early_ends_commrun_and_its_workers() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let dir = scratch("closed-output");
+    let script = format!("echo $$ > {}/$RANK; echo hello; sleep 30", dir.display());
+    let output = commrun(&["--nproc-per-node", "2", "sh", "-c", &script])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), None, "{stderr}");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&output.status),
+        Some(libc::SIGPIPE)
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // The worker whose line was relayed wrote its pid first; the other may have died before.
+    let pids: Vec<i32> = (0..2)
+        .filter_map(|rank| std::fs::read_to_string(dir.join(rank.to_string())).ok())
+        .filter_map(|pid| pid.trim().parse().ok())
+        .collect();
+    assert!(!pids.is_empty(), "no worker wrote its pid");
+    assert_all_gone(&pids);
+}
