@@ -375,3 +375,32 @@ fn a_peer_that_finished_its_part_may_leave() {
         assert_eq!(results, vec![Ok(0), Ok(1), Ok(2)], "{wire:?}");
     }
 }
+
+/// Ranks given different `--transport`s fail with a message saying so, not a wait for a barrier
+/// the others never reach.
+#[test]
+fn ranks_given_different_transports_are_told() {
+    let server = StoreServer::bind(0, 2).unwrap();
+    let port = server.port();
+    let results: Vec<Result<&str, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = [TransportChoice::Auto, TransportChoice::Tcp]
+            .into_iter()
+            .enumerate()
+            .map(|(rank, choice)| {
+                s.spawn(move || {
+                    let timeout = Duration::from_secs(3);
+                    let store = Store::connect("127.0.0.1", port, rank, 2, timeout).unwrap();
+                    ShmTransport::connect(&store, "mixed", rank, 2, None, choice)
+                        .map(|t| t.name())
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let message = results[1].as_ref().expect_err("rank 1 should fail");
+    assert!(
+        message.contains("rank 0 runs --transport auto but rank 1 was given --transport tcp"),
+        "{message}"
+    );
+}

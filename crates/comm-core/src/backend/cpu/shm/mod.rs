@@ -97,6 +97,7 @@ impl ShmTransport {
         if world_size == 1 {
             return Ok(over_tcp(tcp, "one rank: nothing to move".into()));
         }
+        agree_on_choice(store, prefix, rank, choice)?;
         if choice == TransportChoice::Tcp {
             return Ok(over_tcp(tcp, "requested".into()));
         }
@@ -256,6 +257,32 @@ impl ShmTransport {
         pair.bell.ring();
         Ok(())
     }
+}
+
+/// Every rank must have been given the same `--transport`: rank 0's rules, and a rank given
+/// another fails at once saying so (rather than waiting for ranks that took another path).
+fn agree_on_choice(
+    store: &Store,
+    prefix: &str,
+    rank: usize,
+    choice: TransportChoice,
+) -> Result<()> {
+    use clap::ValueEnum;
+    let key = format!("{prefix}/transport");
+    let ours = choice
+        .to_possible_value()
+        .map_or_else(String::new, |v| v.get_name().to_string());
+    if rank == 0 {
+        return store.set(&key, ours.as_bytes());
+    }
+    let chosen = String::from_utf8_lossy(&store.get(&key)?).into_owned();
+    if chosen != ours {
+        return Err(CommError::Usage(format!(
+            "rank 0 runs --transport {chosen} but rank {rank} was given --transport {ours}; give \
+             every rank the same --transport"
+        )));
+    }
+    Ok(())
 }
 
 /// Where ring of `sender` sits in `receiver`'s inbox: the sender's place among the receiver's
