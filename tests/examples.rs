@@ -193,6 +193,29 @@ fn output_closed_early_ends_the_job_without_a_panic() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
+/// `GLOO_SOCKET_IFNAME` names the interface the CPU backend's links listen on, as it does for
+/// Gloo: `lo` works on one machine; a name this host lacks is refused, naming the variable and
+/// the interfaces there are.
+#[test]
+fn gloo_socket_ifname_picks_the_interface_of_the_cpu_links() {
+    let output = Command::new(example("02-allreduce"))
+        .args(["--backend", "cpu", "-n", "2", "--len", "3"])
+        .plainly()
+        .env("GLOO_SOCKET_IFNAME", "lo")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert_eq!(grid(&stdout, "After reduce:"), vec![vec!["2"; 3]; 2]);
+    let e = fails(
+        "02-allreduce",
+        &["--backend", "cpu", "-n", "2", "--timeout", "20"],
+        &[("GLOO_SOCKET_IFNAME", "nosuch0")],
+    );
+    assert!(e.contains("GLOO_SOCKET_IFNAME=nosuch0"), "{e}");
+    assert!(e.contains("lo"), "the interfaces there are: {e}");
+}
+
 #[test]
 fn a_port_in_use_is_reported_by_rank_zero() {
     let taken = std::net::TcpListener::bind(("0.0.0.0", 0)).unwrap();

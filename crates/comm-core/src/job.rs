@@ -132,13 +132,18 @@ impl Job {
             BackendKind::Cpu => {
                 let prefix = format!("{name}/cpu");
                 let run_id = topology.run_id.as_deref();
-                let transport = ShmTransport::connect(
+                let ip = match &topology.socket_ifname {
+                    Some(name) => crate::topology::interface_address(name)?,
+                    None => self.store.local_ip(),
+                };
+                let transport = ShmTransport::connect_on(
                     &self.store,
                     &prefix,
                     rank,
                     world_size,
                     run_id,
                     self.transport,
+                    ip,
                 )?;
                 if rank == 0 {
                     println!("transport: {} ({})", transport.name(), transport.summary());

@@ -282,6 +282,8 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
             master_port: plan.master_port,
             launcher: Launcher::Torchrun,
             run_id: plan.run_id.clone(),
+            // A worker reads GLOO_SOCKET_IFNAME itself, from the environment it inherits.
+            socket_ifname: None,
         };
         let rank = topology.rank;
         let mut command = Command::new(&plan.program);

@@ -49,7 +49,14 @@ pub struct Topology {
     /// refused: torchrun's `TORCHELASTIC_RUN_ID` (its `--rdzv-id`; commrun and self-spawn set it
     /// too), or Slurm's job and step under srun. None for ranks started by hand.
     pub run_id: Option<String>,
+    /// The network interface the CPU backend's peer links listen on, from
+    /// [`SOCKET_IFNAME_VAR`] as Gloo reads it; None: the address this rank reaches the store
+    /// from.
+    pub socket_ifname: Option<String>,
 }
+
+/// Names the interface for the CPU backend's TCP links, as it does for Gloo's (`ib0`, `eth0`).
+pub const SOCKET_IFNAME_VAR: &str = "GLOO_SOCKET_IFNAME";
 
 impl Topology {
     /// Reads the process environment. `Ok(None)` means no launcher set a rank: the program should
@@ -98,6 +105,7 @@ impl Topology {
             master_port,
             launcher: Launcher::Torchrun,
             run_id: None,
+            socket_ifname: socket_ifname(&|name| std::env::var(name).ok()),
         })
     }
 
@@ -214,6 +222,7 @@ fn torchrun(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
         master_port,
         launcher: Launcher::Torchrun,
         run_id: var(RUN_ID_VAR).filter(|id| !id.trim().is_empty()),
+        socket_ifname: socket_ifname(var),
     })
 }
 
@@ -282,6 +291,7 @@ fn slurm(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
         master_port,
         launcher: Launcher::Slurm,
         run_id: slurm_run_id(var),
+        socket_ifname: socket_ifname(var),
     })
 }
 
@@ -488,6 +498,81 @@ pub fn local_ranks_from_env() -> usize {
         .clamp(1, MAX_LOCAL_RANKS)
 }
 
+/// [`SOCKET_IFNAME_VAR`], when set to something.
+fn socket_ifname(var: &impl Fn(&str) -> Option<String>) -> Option<String> {
+    var(SOCKET_IFNAME_VAR)
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+}
+
+/// The address of network interface `name` (its first IPv4 address, else its first IPv6 one):
+/// where a rank told `GLOO_SOCKET_IFNAME=name` listens for its peers. An unknown name, or one
+/// without an address, is an error listing the interfaces that have one.
+pub fn interface_address(name: &str) -> Result<std::net::IpAddr> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let mut found: Vec<(String, IpAddr)> = Vec::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a linked list we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Err(CommError::io(
+            "listing network interfaces",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    let mut entry = list;
+    while !entry.is_null() {
+        // SAFETY: entry is a node of the list getifaddrs made, valid until freeifaddrs; its name
+        // is a NUL-terminated string and its address, when not null, a sockaddr of its family.
+        unsafe {
+            let e = &*entry;
+            let ifname = std::ffi::CStr::from_ptr(e.ifa_name)
+                .to_string_lossy()
+                .into_owned();
+            let addr = e.ifa_addr;
+            if !addr.is_null() {
+                match (*addr).sa_family as libc::c_int {
+                    libc::AF_INET => {
+                        let v4 = &*(addr as *const libc::sockaddr_in);
+                        let ip = Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
+                        found.push((ifname, IpAddr::V4(ip)));
+                    }
+                    libc::AF_INET6 => {
+                        let v6 = &*(addr as *const libc::sockaddr_in6);
+                        found.push((ifname, IpAddr::V6(Ipv6Addr::from(v6.sin6_addr.s6_addr))));
+                    }
+                    _ => {}
+                }
+            }
+            entry = e.ifa_next;
+        }
+    }
+    // SAFETY: list came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(list) };
+    let ours = |v4: bool| {
+        found
+            .iter()
+            .find(|(n, ip)| n == name && ip.is_ipv4() == v4)
+            .map(|(_, ip)| *ip)
+    };
+    ours(true).or_else(|| ours(false)).ok_or_else(|| {
+        let mut names: Vec<&str> = Vec::new();
+        for (n, _) in &found {
+            if !names.contains(&n.as_str()) {
+                names.push(n);
+            }
+        }
+        CommError::env(
+            SOCKET_IFNAME_VAR,
+            format!(
+                "{SOCKET_IFNAME_VAR}={name}: this host has no interface of that name with an \
+                 address (it has: {}); name one of them, or unset it to listen where the store \
+                 is reached from",
+                names.join(", ")
+            ),
+        )
+    })
+}
+
 /// This machine's host name ("?" if the system will not say).
 pub fn hostname() -> String {
     let mut name = [0u8; 256];
@@ -502,6 +587,29 @@ pub fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gloo_socket_ifname_names_an_interface_with_an_address() {
+        assert_eq!(
+            interface_address("lo").unwrap(),
+            std::net::IpAddr::from([127, 0, 0, 1])
+        );
+        let e = interface_address("nosuch0").unwrap_err().to_string();
+        assert!(
+            e.contains("GLOO_SOCKET_IFNAME=nosuch0") && e.contains("lo"),
+            "{e}"
+        );
+        let vars = |name: &str| match name {
+            "RANK" | "LOCAL_RANK" => Some("0".to_string()),
+            "WORLD_SIZE" => Some("1".to_string()),
+            "MASTER_ADDR" => Some("127.0.0.1".to_string()),
+            "MASTER_PORT" => Some("29500".to_string()),
+            "GLOO_SOCKET_IFNAME" => Some(" ib0 ".to_string()),
+            _ => None,
+        };
+        let topology = Topology::from_vars(vars).unwrap().unwrap();
+        assert_eq!(topology.socket_ifname.as_deref(), Some("ib0"));
+    }
     use std::collections::HashMap;
 
     fn topo(vars: &[(&str, &str)]) -> Result<Option<Topology>> {

@@ -376,6 +376,7 @@ mod tests {
             master_port: 21234,
             launcher: Launcher::Slurm,
             run_id: Some("slurm-7.0".into()),
+            socket_ifname: None,
         }
     }
 

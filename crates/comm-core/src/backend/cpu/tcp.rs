@@ -168,9 +168,22 @@ impl TcpTransport {
         world_size: usize,
         run_id: Option<&str>,
     ) -> Result<Self> {
+        Self::connect_on(store, prefix, rank, world_size, run_id, store.local_ip())
+    }
+
+    /// [`connect`](Self::connect), listening for peers on `ip` (an interface's address, as
+    /// `GLOO_SOCKET_IFNAME` names it) instead of the address the store is reached from.
+    pub fn connect_on(
+        store: &Store,
+        prefix: &str,
+        rank: usize,
+        world_size: usize,
+        run_id: Option<&str>,
+        ip: std::net::IpAddr,
+    ) -> Result<Self> {
         let timeout = store.timeout();
         let deadline = Deadline::after(timeout);
-        let listener = TcpListener::bind((store.local_ip(), 0))
+        let listener = TcpListener::bind((ip, 0))
             .map_err(|e| CommError::io(format!("rank {rank} cannot listen for peers"), e))?;
         let me = listener
             .local_addr()

@@ -86,7 +86,22 @@ impl ShmTransport {
         run_id: Option<&str>,
         choice: TransportChoice,
     ) -> Result<Self> {
-        let tcp = TcpTransport::connect(store, prefix, rank, world_size, run_id)?;
+        let ip = store.local_ip();
+        Self::connect_on(store, prefix, rank, world_size, run_id, choice, ip)
+    }
+
+    /// [`connect`](Self::connect) with the TCP links listening on `ip` (see
+    /// [`TcpTransport::connect_on`]).
+    pub fn connect_on(
+        store: &Store,
+        prefix: &str,
+        rank: usize,
+        world_size: usize,
+        run_id: Option<&str>,
+        choice: TransportChoice,
+        ip: std::net::IpAddr,
+    ) -> Result<Self> {
+        let tcp = TcpTransport::connect_on(store, prefix, rank, world_size, run_id, ip)?;
         let over_tcp = |tcp, summary: String| ShmTransport {
             tcp,
             pairs: (0..world_size).map(|_| None).collect(),
