@@ -115,18 +115,13 @@ impl Job {
         let topology = &self.topology;
         let (rank, world_size) = (topology.rank, topology.world_size);
         let _range = crate::profile::range(|| format!("communicator init ({})", selection.kind));
-        let key = format!("{name}/backend");
-        if rank == 0 {
-            self.store
-                .set(&key, selection.kind.to_string().as_bytes())?;
-        } else {
-            let chosen = String::from_utf8_lossy(&self.store.get(&key)?).into_owned();
-            if chosen != selection.kind.to_string() {
-                return Err(CommError::Backend(format!(
-                    "rank 0 runs the {chosen} backend but this rank would run {selection}; \
-                     give every rank the same --backend, or fix this node's CUDA/NCCL"
-                )));
-            }
+        let ours = selection.kind.to_string();
+        let chosen = self.store.rank0_value(&format!("{name}/backend"), &ours)?;
+        if chosen != ours {
+            return Err(CommError::Backend(format!(
+                "rank 0 runs the {chosen} backend but this rank would run {selection}; \
+                 give every rank the same --backend, or fix this node's CUDA/NCCL"
+            )));
         }
         let comm = match selection.kind {
             BackendKind::Cpu => {

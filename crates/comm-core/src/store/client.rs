@@ -127,6 +127,17 @@ impl Store {
         self.request(request, key).map(|_| ())
     }
 
+    /// Rank 0's `value` under `key`: rank 0 sets its own and gets it back, every other rank
+    /// waits for it. How ranks check that they were all given the same setting (the caller
+    /// compares and names the difference).
+    pub fn rank0_value(&self, key: &str, value: &str) -> Result<String> {
+        if self.rank == 0 {
+            self.set(key, value.as_bytes())?;
+            return Ok(value.to_string());
+        }
+        Ok(String::from_utf8_lossy(&self.get(key)?).into_owned())
+    }
+
     /// Waits (up to the timeout) for `key` to be set and returns its value.
     pub fn get(&self, key: &str) -> Result<Vec<u8>> {
         let request = Request::Get {

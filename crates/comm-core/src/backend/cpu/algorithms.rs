@@ -172,7 +172,7 @@ pub fn all_reduce<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp) ->
     if std::mem::size_of_val(buf) * (n - 1) <= DIRECT_ALL_REDUCE_BYTES {
         return direct_all_reduce(t, buf, op);
     }
-    let blocks: Vec<_> = (0..n).map(|i| block(buf.len(), n, i)).collect();
+    let blocks = nearly_equal_blocks(buf.len(), n);
     ring_reduce_scatter(t, Partials::InPlace(buf), op, &blocks)?;
     finish(op, &mut buf[blocks[t.rank()].clone()], n);
     ring_all_gather(t, buf, &blocks)
@@ -191,7 +191,7 @@ pub fn all_reduce_into<T: Element>(
         recv.copy_from_slice(send);
         return all_reduce(t, recv, op);
     }
-    let blocks: Vec<_> = (0..n).map(|i| block(send.len(), n, i)).collect();
+    let blocks = nearly_equal_blocks(send.len(), n);
     let partials = Partials::Beside {
         input: send,
         out: &mut *recv,
@@ -381,6 +381,11 @@ pub fn reduce_scatter_into<T: Element>(
     Ok(())
 }
 
+/// The n nearly equal [`block`]s of `len` elements.
+fn nearly_equal_blocks(len: usize, n: usize) -> Vec<Range<usize>> {
+    (0..n).map(|i| block(len, n, i)).collect()
+}
+
 /// n blocks of `len / n` elements.
 fn equal_blocks(len: usize, n: usize) -> Vec<Range<usize>> {
     let count = len / n;
@@ -450,7 +455,7 @@ fn reduce_at_root<T: Element>(
         }
         tree_reduce(t, acc, op, root)?;
     } else {
-        let blocks: Vec<_> = (0..n).map(|i| block(acc.len(), n, i)).collect();
+        let blocks = nearly_equal_blocks(acc.len(), n);
         let ring = match partials {
             None => Partials::InPlace(&mut *acc),
             Some(send) => Partials::Beside {
@@ -480,7 +485,7 @@ fn reduce_off_root<T: Element>(
     if std::mem::size_of_val(input) <= SMALL_BYTES {
         return tree_reduce(t, &mut input.to_vec(), op, root);
     }
-    let blocks: Vec<_> = (0..n).map(|i| block(input.len(), n, i)).collect();
+    let blocks = nearly_equal_blocks(input.len(), n);
     let longest = blocks.iter().map(|b| b.len()).max().unwrap_or(0);
     with_scratch(2 * longest, |scratch: &mut [T]| {
         let (out, spare) = scratch.split_at_mut(longest);

@@ -91,12 +91,10 @@ pub fn threaded_send_recv_with<T: Transport + ?Sized>(
     sink: Sink<'_>,
 ) -> Result<()> {
     let _call = CallScope::new(t);
-    let pieces = |len: usize| len.div_ceil(PIECE_BYTES).max(1);
     std::thread::scope(|s| {
         let sender = s.spawn(|| -> Result<()> {
-            for i in 0..pieces(data.len()) {
-                let at = (i * PIECE_BYTES).min(data.len());
-                t.send(to, &data[at..(at + PIECE_BYTES).min(data.len())])?;
+            for i in 0..piece_count(data.len(), PIECE_BYTES) {
+                t.send(to, &data[piece(data.len(), PIECE_BYTES, i)])?;
             }
             Ok(())
         });
@@ -104,9 +102,10 @@ pub fn threaded_send_recv_with<T: Transport + ?Sized>(
             // u64s: the pieces are cast to slices of any element type, which needs alignment.
             let mut buffer = vec![0u64; len.min(PIECE_BYTES).div_ceil(8)];
             let buffer: &mut [u8] = bytemuck::cast_slice_mut(&mut buffer);
-            for i in 0..pieces(len) {
-                let at = (i * PIECE_BYTES).min(len);
-                let piece = &mut buffer[..(len - at).min(PIECE_BYTES)];
+            for i in 0..piece_count(len, PIECE_BYTES) {
+                let range = piece(len, PIECE_BYTES, i);
+                let at = range.start;
+                let piece = &mut buffer[..range.len()];
                 t.recv(from, piece)?;
                 sink(at, piece);
             }
@@ -117,6 +116,18 @@ pub fn threaded_send_recv_with<T: Transport + ?Sized>(
             .unwrap_or_else(|_| Err(CommError::Peer("the sending thread panicked".into())));
         received.and(sent)
     })
+}
+
+/// How many pieces of `size` bytes a message of `len` bytes travels in: at least one (an empty
+/// message still takes one, so that both sides count it).
+pub(crate) fn piece_count(len: usize, size: usize) -> usize {
+    len.div_ceil(size).max(1)
+}
+
+/// The bytes of piece `i` of a message of `len` bytes cut into pieces of `size`.
+pub(crate) fn piece(len: usize, size: usize, i: usize) -> std::ops::Range<usize> {
+    let at = (i * size).min(len);
+    at..(at + size).min(len)
 }
 
 /// The piece a message transport sends large buffers in: large enough to amortize a message,

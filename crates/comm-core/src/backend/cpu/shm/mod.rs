@@ -26,7 +26,9 @@ use ring::{Doorbell, Geometry, Inbox, Ring};
 use segment::Segment;
 
 use super::tcp::TcpTransport;
-use super::transport::{size_mismatch, threaded_send_recv_with, Deadline, Sink, Transport};
+use super::transport::{
+    piece, piece_count, size_mismatch, threaded_send_recv_with, Deadline, Sink, Transport,
+};
 use super::TransportChoice;
 use crate::error::{CommError, Result};
 use crate::store::Store;
@@ -66,12 +68,6 @@ struct Pair {
     incoming: Mutex<Ring>,
     /// The peer's doorbell: rung after writing to it or freeing a slot it writes.
     bell: Doorbell,
-}
-
-/// The pieces a message of `len` bytes travels in: slots of `size` bytes, at least one (an empty
-/// message still takes a slot, so that both sides count it).
-fn piece_count(len: usize, size: usize) -> usize {
-    len.div_ceil(size).max(1)
 }
 
 impl ShmTransport {
@@ -283,14 +279,10 @@ fn agree_on_choice(
     choice: TransportChoice,
 ) -> Result<()> {
     use clap::ValueEnum;
-    let key = format!("{prefix}/transport");
     let ours = choice
         .to_possible_value()
         .map_or_else(String::new, |v| v.get_name().to_string());
-    if rank == 0 {
-        return store.set(&key, ours.as_bytes());
-    }
-    let chosen = String::from_utf8_lossy(&store.get(&key)?).into_owned();
+    let chosen = store.rank0_value(&format!("{prefix}/transport"), &ours)?;
     if chosen != ours {
         return Err(CommError::Usage(format!(
             "rank 0 runs --transport {chosen} but rank {rank} was given --transport {ours}; give \
@@ -356,7 +348,7 @@ fn share_memory(store: &Store, prefix: &str, rank: usize, peers: &[usize]) -> Re
     let mut why = None;
     segment::sweep_stale();
     let name = Segment::fresh_name(rank);
-    let token = random_token();
+    let token = segment::random_token();
     let own = match Segment::create(&name, geometry.bytes()) {
         Ok(segment) => {
             // SAFETY: a fresh mapping of geometry.bytes() bytes, zeroed by the kernel, that no
@@ -437,15 +429,6 @@ fn share_memory(store: &Store, prefix: &str, rank: usize, peers: &[usize]) -> Re
     })
 }
 
-/// A token no other job will have picked.
-fn random_token() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(crate::failure_record::unix_us());
-    hasher.write_u32(std::process::id());
-    hasher.finish()
-}
-
 impl Transport for ShmTransport {
     fn rank(&self) -> usize {
         self.tcp.rank()
@@ -465,8 +448,7 @@ impl Transport for ShmTransport {
         let size = ring.slot_bytes();
         for i in 0..piece_count(data.len(), size) {
             self.wait(deadline, || ring.can_write(), &[(peer, "sending to")])?;
-            let piece = &data[(i * size).min(data.len())..((i + 1) * size).min(data.len())];
-            ring.write(data.len(), piece);
+            ring.write(data.len(), &data[piece(data.len(), size, i)]);
             pair.bell.ring();
         }
         Ok(())
@@ -534,8 +516,7 @@ impl Transport for ShmTransport {
                 self.wait(deadline, || can_send() || can_take(), &watch)?;
             }
             if can_send() {
-                let at = (sent * out_size).min(data.len());
-                outgoing.write(data.len(), &data[at..(at + out_size).min(data.len())]);
+                outgoing.write(data.len(), &data[piece(data.len(), out_size, sent)]);
                 out_pair.bell.ring();
                 sent += 1;
             }

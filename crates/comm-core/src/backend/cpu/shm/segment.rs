@@ -34,13 +34,10 @@ unsafe impl Sync for Segment {}
 impl Segment {
     /// A fresh name for rank `rank`'s segment.
     pub(crate) fn fresh_name(rank: usize) -> String {
-        use std::hash::{BuildHasher, Hasher};
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u128(crate::failure_record::unix_us() as u128);
         format!(
             "/{PREFIX}{}-{rank}-{:016x}",
             std::process::id(),
-            hasher.finish()
+            random_token()
         )
     }
 
@@ -129,6 +126,15 @@ impl Drop for Segment {
             unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
         }
     }
+}
+
+/// A number no other process will have picked: a segment's name, the token stamped in it.
+pub(crate) fn random_token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(crate::failure_record::unix_us());
+    hasher.write_u32(std::process::id());
+    hasher.finish()
 }
 
 /// Maps `len` bytes of `fd` shared, read and write.
