@@ -3,10 +3,13 @@
 //! back (hello lines, grids cell by cell, one profile per rank).
 //!
 //! The local cluster is shaped like Leonardo's Booster as far as scheduling goes: partition
-//! `boost_usr_prod`, 32 CPUs and 4 `gpu` GRES per node (plain files: there is no GPU behind
-//! them), and QOS and account are accepted as given. So the scripts run as a user submits them;
-//! the only things set from outside are the backend (`BACKEND=cpu`), where the build is
-//! (`BIN_DIR`), the output file and, to test other shapes, `--nodes`/`--ntasks-per-node`.
+//! `boost_usr_prod` (24 h), 32 CPUs, about 494 GB and 4 `gpu` GRES per node (stand-in devices:
+//! there is no GPU behind them), QOS `normal` and `boost_qos_dbg` (2 nodes, 30 minutes) and no
+//! other, reservations that must exist, and a `module` that knows `cuda` and `nccl` only; the
+//! account is accepted as given. So the scripts run as a user submits them; the only things set
+//! from outside are the backend (`BACKEND=cpu`), where the build is (`BIN_DIR`), the output file
+//! and, to test other shapes, `--nodes`/`--ntasks-per-node`. slurm/README.md's interactive
+//! recipe (salloc, then srun) runs here too, as written there.
 //!
 //! Without Slurm installed (or without root, which the daemons need) the test says it skipped,
 //! unless NCCL_WORKSHOP_REQUIRE_SLURM=1 (as `.ci/run` sets), where that is a failure.
@@ -218,6 +221,29 @@ fn jobs() -> Vec<Job> {
                 }
             },
         },
+        // The profiling recipe for example 03, as docs/src/profiling.md shows it (no arguments:
+        // 03 takes no --len, so the script gives it none).
+        Job {
+            name: "05-nsys-profile-03",
+            script: "slurm/05-nsys-profile.sbatch",
+            must_fail: false,
+            needs: &["examples/03-multinode-gloo-vs-nccl"],
+            options: &[],
+            env: &[
+                ("NSYS", "@fake-nsys"),
+                ("EXAMPLE", "03-multinode-gloo-vs-nccl"),
+            ],
+            args: &[],
+            check: |c| {
+                cpu_line(&c.output, "100 MB");
+                for rank in 0..4 {
+                    let report = c
+                        .dir
+                        .join(format!("03-multinode-gloo-vs-nccl-rank{rank}.nsys-rep"));
+                    assert!(report.is_file(), "no {}", report.display());
+                }
+            },
+        },
         // ncu is not here either: a stand-in writes the report --export names and runs the program.
         Job {
             name: "06-ncu-kernel",
@@ -377,27 +403,21 @@ fn hellos(output: &str, nodes: usize, per_node: usize, prefix: &str) {
 /// there is no GPU, for the reason `--backend auto` gives; where there are GPUs, because ranks
 /// of different nodes (or more ranks than GPUs) would share a GPU.
 fn nccl_skipped(c: &Checked) {
-    // Example 03 labels its parts `(nccl)` today and `(NCCL)` once rewritten: either.
-    let found = ["nccl", "NCCL"].iter().any(|label| {
-        let skipped = match c.machine.kind {
-            Kind::Cpu => format!(
-                "Rank 0 ({label}): skipped: NCCL cannot run here: {}",
-                c.machine.reason
-            ),
-            Kind::Nccl => format!("Rank 0 ({label}): skipped: "),
-        };
-        c.output.contains(&skipped)
-    });
-    assert!(found, "no 'Rank 0 (nccl|NCCL): skipped: ...' line");
+    let skipped = match c.machine.kind {
+        Kind::Cpu => format!(
+            "Rank 0 (NCCL): skipped: NCCL cannot run here: {}",
+            c.machine.reason
+        ),
+        Kind::Nccl => "Rank 0 (NCCL): skipped: ".to_string(),
+    };
+    assert!(c.output.contains(&skipped), "no {skipped:?} line");
 }
 
-/// Example 03's CPU timing line: `Rank 0 (cpu): all-reduce SIZE took` today, `Rank 0 (Gloo): …`
-/// once example 03 is rewritten; either is accepted until then.
+/// Example 03's line for its CPU-mediated half, in the course's words:
+/// `Rank 0 (Gloo): all-reduce SIZE took … ms`.
 fn cpu_line(output: &str, size: &str) {
-    let found = ["cpu", "Gloo"]
-        .iter()
-        .any(|label| output.contains(&format!("Rank 0 ({label}): all-reduce {size} took ")));
-    assert!(found, "no 'Rank 0 (cpu|Gloo): all-reduce {size} took' line");
+    let line = format!("Rank 0 (Gloo): all-reduce {size} took ");
+    assert!(output.contains(&line), "no {line:?} line");
 }
 
 fn allreduced(output: &str, n: usize, len: usize, prefix: &str) {
@@ -596,6 +616,42 @@ fn build_as_the_readme_says() -> PathBuf {
     let status = cargo.status().unwrap();
     assert!(status.success(), "{cargo:?} failed");
     target.join("release")
+}
+
+/// slurm/README.md's interactive recipe as written there: the `salloc` line's options (its
+/// continuation lines joined) and the lines then typed in salloc's shell, up to `exit`, with the
+/// build's folder where the recipe says `target/release/`.
+fn interactive_recipe(bin: &Path) -> (Vec<String>, Vec<String>) {
+    let readme = std::fs::read_to_string(Path::new(REPO).join("slurm/README.md")).unwrap();
+    let (_, section) = readme
+        .split_once("## Interactive: salloc, then srun")
+        .expect("slurm/README.md: no section 'Interactive: salloc, then srun'");
+    let (block, _) = section
+        .split_once("```bash\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("slurm/README.md: no bash block in the interactive section");
+    let joined = block.replace("\\\n", " ");
+    let mut lines = joined
+        .lines()
+        .map(|l| l.split(" #").next().unwrap_or_default().trim().to_string())
+        .filter(|l| !l.is_empty());
+    let salloc: Vec<String> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        salloc.first().map(String::as_str),
+        Some("salloc"),
+        "slurm/README.md: the interactive recipe starts with salloc"
+    );
+    let here = format!("{}/", bin.display());
+    let typed = lines
+        .take_while(|l| l != "exit")
+        .map(|l| l.replace("target/release/", &here))
+        .collect();
+    (salloc[1..].to_vec(), typed)
 }
 
 /// A stand-in for `nsys profile [OPTIONS] PROGRAM ARGS…`.
@@ -803,6 +859,36 @@ fn slurm_scripts_run_on_a_real_slurm() {
             "sbatch {options:?} {env:?} slurm/02-allreduce.sbatch: expected a refusal saying {says:?}, got: {}{stderr}",
             String::from_utf8_lossy(&out.stdout)
         );
+    }
+    // slurm/README.md's interactive recipe: salloc, then srun in its shell, 4 ranks then 2. On a
+    // machine with GPUs its ranks would share them (both nodes are this machine; the scripts
+    // above run with BACKEND=cpu, the recipe sets no backend): there it is skipped.
+    if matches!(machine.kind, Kind::Cpu) {
+        let (options, typed) = interactive_recipe(&bin);
+        let out = cluster
+            .command("salloc")
+            .current_dir(REPO)
+            .plainly()
+            .args(&options)
+            .args(["bash", "-c", &format!("set -e\n{}", typed.join("\n"))])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "salloc {options:?} with {typed:?} failed:\n{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let second = stdout
+            .match_indices("Before reduce:")
+            .nth(1)
+            .map(|(at, _)| at)
+            .unwrap_or_else(|| panic!("the recipe's two runs did not both print:\n{stdout}"));
+        allreduced(&stdout[..second], 4, 8, "");
+        allreduced(&stdout[second..], 2, 8, "");
+        ran.push("interactive recipe (salloc, srun)");
+    } else {
+        say("skipped: slurm/README.md's interactive recipe (this machine's GPUs would be shared)");
     }
     // GRES binding as on Leonardo: --gpus-per-task=1 gives each task one entry of
     // CUDA_VISIBLE_DEVICES (where mknod works: the GPUs are stand-in devices).
