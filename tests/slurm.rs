@@ -5,8 +5,8 @@
 //! The local cluster is shaped like Leonardo's Booster as far as scheduling goes: partition
 //! `boost_usr_prod` (24 h), 32 CPUs, about 494 GB and 4 `gpu` GRES per node (stand-in devices:
 //! there is no GPU behind them), QOS `normal` and `boost_qos_dbg` (2 nodes, 30 minutes) and no
-//! other, reservations that must exist, and a `module` that knows `cuda` and `nccl` only; the
-//! account is accepted as given. So the scripts run as a user submits them; the only things set
+//! other, reservations that must exist, a `module` that knows `cuda` and `nccl` only, and one
+//! account (another is refused). So the scripts run as a user submits them; the only things set
 //! from outside are the backend (`BACKEND=cpu`), where the build is (`BIN_DIR`), the output file
 //! and, to test other shapes, `--nodes`/`--ntasks-per-node`. slurm/README.md's interactive
 //! recipe (salloc, then srun) runs here too, as written there.
@@ -338,6 +338,9 @@ fn jobs() -> Vec<Job> {
 /// The reservation the local cluster has while the job that names it runs.
 const RESERVATION: &str = "nccl-course";
 
+/// The account the jobs are charged to (`SBATCH_ACCOUNT`, as slurm/README.md has users set it).
+const ACCOUNT: &str = "nccl-workshop-tests";
+
 /// Submissions Leonardo refuses, refused here too: (sbatch options, environment, what sbatch says).
 /// sbatch options, environment, and what sbatch says when it refuses.
 type Refusal = (
@@ -368,6 +371,12 @@ const REFUSED: &[Refusal] = &[
         &[],
         &[("SBATCH_RESERVATION", "no-such-reservation")],
         "reservation",
+    ),
+    // a project the user is not in
+    (
+        &[],
+        &[("SBATCH_ACCOUNT", "no_such_project")],
+        "Invalid account",
     ),
 ];
 
@@ -489,6 +498,8 @@ impl Cluster {
             .env("LOCAL_SLURM_MEM", "494000")
             .env("LOCAL_SLURM_QOS", "normal:64:0 boost_qos_dbg:2:30")
             .env("LOCAL_SLURM_MODULES", "cuda nccl")
+            // The one project the jobs here are charged to; naming another is refused.
+            .env("LOCAL_SLURM_ACCOUNTS", ACCOUNT)
             .stdin(Stdio::null())
             .output()
             .unwrap();
@@ -749,7 +760,7 @@ fn slurm_scripts_run_on_a_real_slurm() {
             .plainly()
             .env("BACKEND", "cpu")
             .env("OUT_DIR", &dir)
-            .env("SBATCH_ACCOUNT", "nccl-workshop-tests")
+            .env("SBATCH_ACCOUNT", ACCOUNT)
             .arg("--parsable")
             .arg(format!("--output={}", output_file.display()))
             .args(job.options)
@@ -847,7 +858,7 @@ fn slurm_scripts_run_on_a_real_slurm() {
         let mut sbatch = cluster.command("sbatch");
         sbatch
             .current_dir(REPO)
-            .env("SBATCH_ACCOUNT", "nccl-workshop-tests")
+            .env("SBATCH_ACCOUNT", ACCOUNT)
             .envs(env.iter().copied())
             .arg("--parsable")
             .args(*options)
