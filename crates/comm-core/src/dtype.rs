@@ -4,6 +4,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::streaming::{fence, stream_line, Stores, LINE};
+
 /// The element types, named as nccl-tests names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
@@ -246,42 +248,52 @@ pub fn reduce_into<T: Element>(op: ReduceOp, acc: &mut [T], other: &[T]) {
 }
 
 /// `out[i] = a[i] op b[i]`: [`reduce_into`] for an out-of-place reduction, with the same
-/// operand order (so the same bits). A long `out` is reduced 4 KiB at a time into a buffer that
-/// stays in cache and streamed out from there (`crate::streaming::stream`), so writing
-/// it costs no more than reducing in place.
-pub fn reduce_pair<T: Element>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
+/// operand order (so the same bits). With [`Stores::Streaming`] each 64-byte line of `out` is
+/// reduced in registers and streamed out, so writing a fresh buffer costs no more than reducing
+/// in place (measured on a 2-core EPYC VM, 50 MB: 3.5–4.1 ms against 3.3–4.0 in place; through
+/// a 4 KiB buffer in cache, as before, 6–10 ms).
+pub fn reduce_pair<T: Element>(op: ReduceOp, stores: Stores, out: &mut [T], a: &[T], b: &[T]) {
     debug_assert!(out.len() == a.len() && a.len() == b.len());
-    if std::mem::size_of_val(out) < crate::streaming::STREAMING_BYTES {
-        return reduce_pair_cached(op, out, a, b);
+    // The match sits outside the loops so each loop vectorizes.
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => {
+            pair_with(stores, out, a, b, |x, y| T::combine(ReduceOp::Sum, x, y))
+        }
+        ReduceOp::Prod => pair_with(stores, out, a, b, |x, y| T::combine(ReduceOp::Prod, x, y)),
+        ReduceOp::Min => pair_with(stores, out, a, b, |x, y| T::combine(ReduceOp::Min, x, y)),
+        ReduceOp::Max => pair_with(stores, out, a, b, |x, y| T::combine(ReduceOp::Max, x, y)),
     }
-    // u64s: aligned for every element type.
-    let mut chunk = [0u64; 512];
-    let chunk: &mut [T] = bytemuck::cast_slice_mut(&mut chunk);
-    let step = chunk.len();
-    for ((out, a), b) in out.chunks_mut(step).zip(a.chunks(step)).zip(b.chunks(step)) {
-        let chunk = &mut chunk[..out.len()];
-        reduce_pair_cached(op, chunk, a, b);
-        crate::streaming::stream_unfenced(
-            bytemuck::cast_slice_mut(out),
-            bytemuck::cast_slice(chunk),
-        );
-    }
-    crate::streaming::fence();
 }
 
-/// [`reduce_pair`] with ordinary stores.
-fn reduce_pair_cached<T: Element>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
-    fn apply<T: Element>(out: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+/// [`reduce_pair`] with the operation `f`.
+#[inline(always)]
+fn pair_with<T: Element>(stores: Stores, out: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+    let cached = |out: &mut [T], a: &[T], b: &[T]| {
         for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
             *o = f(x, y);
         }
+    };
+    if stores == Stores::Cached {
+        return cached(out, a, b);
     }
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => apply(out, a, b, |x, y| T::combine(ReduceOp::Sum, x, y)),
-        ReduceOp::Prod => apply(out, a, b, |x, y| T::combine(ReduceOp::Prod, x, y)),
-        ReduceOp::Min => apply(out, a, b, |x, y| T::combine(ReduceOp::Min, x, y)),
-        ReduceOp::Max => apply(out, a, b, |x, y| T::combine(ReduceOp::Max, x, y)),
+    // Ordinary stores up to the first whole line of `out` and after the last.
+    let per_line = LINE / std::mem::size_of::<T>();
+    let head = out.as_ptr().align_offset(LINE).min(out.len());
+    let body = (out.len() - head) / per_line * per_line;
+    let (lines, tail) = (head..head + body, head + body..out.len());
+    cached(&mut out[..head], &a[..head], &b[..head]);
+    for ((o, x), y) in out[lines.clone()]
+        .chunks_exact_mut(per_line)
+        .zip(a[lines.clone()].chunks_exact(per_line))
+        .zip(b[lines].chunks_exact(per_line))
+    {
+        // u64s: aligned for every element type; the compiler keeps the line in registers.
+        let mut line = [0u64; LINE / 8];
+        cached(bytemuck::cast_slice_mut(&mut line), x, y);
+        stream_line(bytemuck::cast_slice_mut(o), bytemuck::cast_slice(&line));
     }
+    cached(&mut out[tail.clone()], &a[tail.clone()], &b[tail]);
+    fence();
 }
 
 /// Finishes an Avg: divides every element by the world size. Other ops are left alone.
@@ -290,5 +302,36 @@ pub fn finish<T: Element>(op: ReduceOp, values: &mut [T], world_size: usize) {
         for v in values {
             *v = v.divide(world_size);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// reduce_pair gives reduce_into's bits, streamed or not, wherever `out` starts in a line.
+    fn pair_matches_in_place<T: Element + PartialEq + fmt::Debug>() {
+        let len = 1000;
+        let a: Vec<T> = (0..len).map(|i| T::from_i64(i as i64 % 13 - 6)).collect();
+        let b: Vec<T> = (0..len).map(|i| T::from_i64(i as i64 % 7 - 3)).collect();
+        for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
+            let mut want = a.clone();
+            reduce_into(op, &mut want, &b);
+            for stores in [Stores::Cached, Stores::Streaming] {
+                for skip in [0, 1, 3, 17] {
+                    let mut out = vec![T::default(); len + skip];
+                    reduce_pair(op, stores, &mut out[skip..], &a, &b);
+                    assert_eq!(&out[skip..], &want[..], "{op:?} {stores:?}, out at +{skip}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_out_of_place_reduction_gives_the_in_place_bits() {
+        pair_matches_in_place::<f32>();
+        pair_matches_in_place::<f64>();
+        pair_matches_in_place::<i32>();
+        pair_matches_in_place::<i64>();
     }
 }

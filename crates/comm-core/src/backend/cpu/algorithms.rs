@@ -23,7 +23,7 @@ use bytemuck::{cast_slice, cast_slice_mut};
 use super::transport::{CallScope, Transport, PIECE_BYTES};
 use crate::dtype::{self, finish, reduce_pair, Element, ReduceOp};
 use crate::error::{CommError, Result};
-use crate::streaming::copy_streaming;
+use crate::streaming::{copy, Stores};
 
 /// Up to this many bytes, latency matters more than bandwidth.
 const SMALL_BYTES: usize = 64 << 10;
@@ -39,13 +39,19 @@ pub fn block(len: usize, n: usize, i: usize) -> Range<usize> {
 
 /// `(&buf[a], &mut buf[b])` for two ranges that do not overlap.
 fn split_pair<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T], &mut [T]) {
+    let (a, b) = split_pair_mut(buf, a, b);
+    (a, b)
+}
+
+/// `(&mut buf[a], &mut buf[b])` for two ranges that do not overlap.
+fn split_pair_mut<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&mut [T], &mut [T]) {
     if a.start >= b.end {
         let (low, high) = buf.split_at_mut(a.start);
-        (&high[..a.len()], &mut low[b])
+        (&mut high[..a.len()], &mut low[b])
     } else {
         assert!(a.end <= b.start, "overlapping blocks {a:?} and {b:?}");
         let (low, high) = buf.split_at_mut(b.start);
-        (&low[a], &mut high[..b.len()])
+        (&mut low[a], &mut high[..b.len()])
     }
 }
 
@@ -93,9 +99,10 @@ pub fn broadcast_into<T: Element>(
     }
     let segment = (SEGMENT_BYTES / std::mem::size_of::<T>()).max(1);
     let next = absolute(1, root, n);
+    let stores = Stores::for_destination(std::mem::size_of_val(recv));
     for (from, to) in send.chunks(segment).zip(recv.chunks_mut(segment)) {
         t.send(next, cast_slice(from))?;
-        copy_streaming(cast_slice_mut(to), cast_slice(from));
+        copy(stores, cast_slice_mut(to), cast_slice(from));
     }
     Ok(())
 }
@@ -255,13 +262,15 @@ pub fn ring_reduce_scatter<T: Element>(
     let _call = CallScope::new(t);
     let (n, rank) = (t.world_size(), t.rank());
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let whole = blocks.last().map_or(0, |b| b.end) * std::mem::size_of::<T>();
+    let stores = Stores::for_destination(whole);
     for step in 0..n - 1 {
         let send_block = blocks[(rank + 2 * n - step - 1) % n].clone();
         let recv_block = blocks[(rank + 2 * n - step - 2) % n].clone();
         match &mut partials {
             Partials::InPlace(buf) => {
                 let (outgoing, acc) = split_pair(buf, send_block, recv_block);
-                reduce_step(t, (next, outgoing), prev, None, acc, op)?;
+                reduce_step(t, (next, outgoing), prev, None, acc, (op, stores))?;
             }
             Partials::Beside { input, out } => {
                 let own = &input[recv_block.clone()];
@@ -269,7 +278,7 @@ pub fn ring_reduce_scatter<T: Element>(
                     0 => (&input[send_block], &mut out[recv_block]),
                     _ => split_pair(out, send_block, recv_block),
                 };
-                reduce_step(t, (next, outgoing), prev, Some(own), acc, op)?;
+                reduce_step(t, (next, outgoing), prev, Some(own), acc, (op, stores))?;
             }
             Partials::Alternating { input, out, spare } => {
                 let own = &input[recv_block.clone()];
@@ -283,7 +292,7 @@ pub fn ring_reduce_scatter<T: Element>(
                     _ => &last[..send_block.len()],
                 };
                 let acc = &mut acc[..recv_block.len()];
-                reduce_step(t, (next, outgoing), prev, Some(own), acc, op)?;
+                reduce_step(t, (next, outgoing), prev, Some(own), acc, (op, stores))?;
             }
         }
     }
@@ -292,14 +301,14 @@ pub fn ring_reduce_scatter<T: Element>(
 
 /// One ring step: `outgoing` goes to the next rank while a block as long as `acc` arrives from
 /// `prev`; each arriving piece is reduced into `acc` (with `own`, this rank's input, when
-/// `acc` does not hold it already).
+/// `acc` does not hold it already, written with `stores`).
 fn reduce_step<T: Element>(
     t: &dyn Transport,
     (next, outgoing): (usize, &[T]),
     prev: usize,
     own: Option<&[T]>,
     acc: &mut [T],
-    op: ReduceOp,
+    (op, stores): (ReduceOp, Stores),
 ) -> Result<()> {
     let size = std::mem::size_of::<T>();
     let len = std::mem::size_of_val(acc);
@@ -312,7 +321,7 @@ fn reduce_step<T: Element>(
             let piece: &[T] = cast_slice(piece);
             let at = offset / size..offset / size + piece.len();
             match own {
-                Some(own) => reduce_pair(op, &mut acc[at.clone()], &own[at], piece),
+                Some(own) => reduce_pair(op, stores, &mut acc[at.clone()], &own[at], piece),
                 None => dtype::reduce_into(op, &mut acc[at], piece),
             }
         },
@@ -327,9 +336,19 @@ pub fn ring_all_gather<T: Element>(
     blocks: &[Range<usize>],
 ) -> Result<()> {
     let _call = CallScope::new(t);
+    ring_all_gather_steps(t, buf, blocks, 0)
+}
+
+/// [`ring_all_gather`] from step `first` on.
+fn ring_all_gather_steps<T: Element>(
+    t: &dyn Transport,
+    buf: &mut [T],
+    blocks: &[Range<usize>],
+    first: usize,
+) -> Result<()> {
     let (n, rank) = (t.world_size(), t.rank());
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-    for step in 0..n - 1 {
+    for step in first..n - 1 {
         let send_block = blocks[(rank + n - step) % n].clone();
         let recv_block = blocks[(rank + 2 * n - step - 1) % n].clone();
         let (outgoing, incoming) = split_pair(buf, send_block, recv_block);
@@ -401,6 +420,36 @@ pub fn all_gather<T: Element>(t: &dyn Transport, buf: &mut [T]) -> Result<()> {
         ring_all_gather(t, buf, &blocks)?;
     }
     Ok(())
+}
+
+/// `recv` (n blocks as long as `send`) gets every rank's `send`, in rank order. The ring's first
+/// step sends `send` itself, and as each piece of the previous rank's block arrives it copies
+/// the same piece of `send` into this rank's block, just after sending it (still in cache):
+/// one read of `send` instead of a copy first and a second read to send it.
+pub fn all_gather_into<T: Element>(t: &dyn Transport, send: &[T], recv: &mut [T]) -> Result<()> {
+    let _call = CallScope::new(t);
+    let (n, rank) = (t.world_size(), t.rank());
+    let blocks = equal_blocks(recv.len(), n);
+    assert_eq!(
+        blocks[rank].len(),
+        send.len(),
+        "all_gather_into: recv is not n sends"
+    );
+    let stores = Stores::for_destination(std::mem::size_of_val(recv));
+    if n == 1 {
+        copy(stores, cast_slice_mut(recv), cast_slice(send));
+        return Ok(());
+    }
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let (own, incoming) = split_pair_mut(recv, blocks[rank].clone(), blocks[prev].clone());
+    let (own, incoming): (&mut [u8], &mut [u8]) = (cast_slice_mut(own), cast_slice_mut(incoming));
+    let send_bytes: &[u8] = cast_slice(send);
+    t.send_recv_with(next, send_bytes, prev, incoming.len(), &mut |at, piece| {
+        let range = at..at + piece.len();
+        copy(stores, &mut incoming[range.clone()], piece);
+        copy(stores, &mut own[range.clone()], &send_bytes[range]);
+    })?;
+    ring_all_gather_steps(t, recv, &blocks, 1)
 }
 
 /// Reduces every rank's `buf` into the root's; other ranks' buffers are left as they were.

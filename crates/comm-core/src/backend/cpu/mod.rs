@@ -98,10 +98,7 @@ impl CpuBackend {
 
     /// `recv` (world_size × send.len()) gets every rank's `send`, in rank order.
     pub fn all_gather_into<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        let rank = self.transport.rank();
-        let own = &mut recv[rank * send.len()..(rank + 1) * send.len()];
-        crate::streaming::copy_streaming(bytemuck::cast_slice_mut(own), bytemuck::cast_slice(send));
-        self.all_gather(recv)
+        algorithms::all_gather_into(self.transport(), send, recv)
     }
 
     /// `buf` holds world_size equal blocks; afterwards block `rank` holds its reduction over all

@@ -32,7 +32,7 @@ use super::transport::{
 use super::TransportChoice;
 use crate::error::{CommError, Result};
 use crate::store::Store;
-use crate::streaming::copy_streaming;
+use crate::streaming::{copy, Stores};
 
 pub use segment::leftovers;
 
@@ -462,20 +462,21 @@ impl Transport for ShmTransport {
         self.tcp.check_broken()?;
         let ring = pair.incoming.lock().unwrap();
         let (len, size) = (out.len(), ring.slot_bytes());
+        let stores = Stores::for_destination(len);
         for i in 0..piece_count(len, size) {
             self.wait(deadline, || ring.can_read(), &[(peer, "receiving from")])?;
-            let copy = &mut |offset: usize, piece: &[u8]| {
-                copy_streaming(&mut out[offset..offset + piece.len()], piece)
+            let sink = &mut |offset: usize, piece: &[u8]| {
+                copy(stores, &mut out[offset..offset + piece.len()], piece)
             };
-            self.take_piece(pair, &ring, peer, len, i * size, copy)?;
+            self.take_piece(pair, &ring, peer, len, i * size, sink)?;
         }
         Ok(())
     }
 
     fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
-        let len = out.len();
+        let (len, stores) = (out.len(), Stores::for_destination(out.len()));
         self.send_recv_with(to, data, from, len, &mut |offset, piece| {
-            copy_streaming(&mut out[offset..offset + piece.len()], piece)
+            copy(stores, &mut out[offset..offset + piece.len()], piece)
         })
     }
 

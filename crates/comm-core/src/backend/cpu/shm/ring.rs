@@ -17,6 +17,8 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::streaming::{copy, Stores};
+
 /// Identifies an inbox of ours, version 1.
 const MAGIC: [u8; 8] = *b"NCWSHM01";
 /// Header and each ring's control block: one page each, so slot data starts page-aligned.
@@ -210,8 +212,10 @@ impl Ring {
         debug_assert!(piece.len() <= self.slot_bytes && self.can_write());
         let head = self.counter(HEAD_AT).load(Ordering::Relaxed);
         // SAFETY: the slot is free (head - tail < slots), so the reader does not touch it until
-        // the release store below publishes it; piece fits in it.
-        unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), self.slot(head), piece.len()) };
+        // the release store below publishes it, and no one else writes it; piece fits in it.
+        let slot = unsafe { std::slice::from_raw_parts_mut(self.slot(head), piece.len()) };
+        // Cached: the reader takes it from there.
+        copy(Stores::Cached, slot, piece);
         self.length(head as usize % self.slots)
             .store(message_len as u64, Ordering::Relaxed);
         self.counter(HEAD_AT)
