@@ -84,8 +84,9 @@ trap 'rm -rf "$work"' EXIT
 
 # Theirs, compiled before anything runs (a broken mpicc is reported at once): for each
 # "collective:bytes" argument, WARMUP untimed calls, then ITERS times a barrier and one timed
-# call; each iteration's slowest rank (MPI_MAX) after the loop; rank 0 writes
-# "collective bytes median_us" lines to the file named by its first argument.
+# call; each iteration's slowest rank (MPI_MAX) after the loop, in both placements; rank 0 writes
+# "collective bytes median_us other_placement_median_us" lines to the file named by its first
+# argument.
 cat >"$work/mpi-bench.c" <<'C'
 #include <limits.h>
 #include <mpi.h>
@@ -113,6 +114,47 @@ static float *ones(size_t count) {
   return p;
 }
 
+/* The median over ITERS iterations (each the slowest rank's, after a barrier) of one call of
+   collective `kind` in place or not, after WARMUP untimed calls. Out of place, all_reduce writes
+   a second buffer and broadcast's root copies its input into the one it broadcasts (MPI has no
+   out-of-place broadcast: that copy is what a caller adds); in place, all_gather and
+   reduce_scatter take MPI_IN_PLACE. */
+static double median_us(int kind, int in_place, unsigned long long whole, unsigned long long piece,
+                        long iters, long warmup, double *times, double *slowest) {
+  float *big = ones(kind < 2 ? whole : piece * world);
+  float *other = kind < 2 ? (in_place ? NULL : ones(whole)) : (in_place ? NULL : ones(piece));
+  for (long i = -warmup; i < iters; i++) {
+    if (i >= 0) MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    switch (kind * 2 + in_place) {
+    case 0: MPI_Allreduce(big, other, (int)whole, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+    case 1: MPI_Allreduce(MPI_IN_PLACE, big, (int)whole, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+    case 2:
+      if (rank == 0) memcpy(other, big, whole * sizeof *big);
+      MPI_Bcast(other, (int)whole, MPI_FLOAT, 0, MPI_COMM_WORLD);
+      break;
+    case 3: MPI_Bcast(big, (int)whole, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
+    case 4:
+      MPI_Allgather(other, (int)piece, MPI_FLOAT, big, (int)piece, MPI_FLOAT, MPI_COMM_WORLD);
+      break;
+    case 5:
+      MPI_Allgather(MPI_IN_PLACE, 0, MPI_FLOAT, big, (int)piece, MPI_FLOAT, MPI_COMM_WORLD);
+      break;
+    case 6: MPI_Reduce_scatter_block(big, other, (int)piece, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+    case 7:
+      MPI_Reduce_scatter_block(MPI_IN_PLACE, big, (int)piece, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      break;
+    }
+    if (i >= 0) times[i] = MPI_Wtime() - t0;
+  }
+  MPI_Reduce(times, slowest, (int)iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  free(big);
+  free(other);
+  if (rank != 0) return 0;
+  qsort(slowest, iters, sizeof *slowest, earlier);
+  return slowest[(iters - 1) / 2] * 1e6;
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -137,29 +179,10 @@ int main(int argc, char **argv) {
                : !strcmp(name, "reduce_scatter") ? 3
                                                  : -1;
     if (kind < 0) die("unknown collective ", name);
-    float *big = ones(kind < 2 ? whole : piece * world), *small = kind < 2 ? NULL : ones(piece);
-    for (long i = -warmup; i < iters; i++) {
-      if (i >= 0) MPI_Barrier(MPI_COMM_WORLD);
-      double t0 = MPI_Wtime();
-      switch (kind) {
-      case 0: MPI_Allreduce(MPI_IN_PLACE, big, (int)whole, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
-      case 1: MPI_Bcast(big, (int)whole, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
-      case 2:
-        MPI_Allgather(small, (int)piece, MPI_FLOAT, big, (int)piece, MPI_FLOAT, MPI_COMM_WORLD);
-        break;
-      case 3:
-        MPI_Reduce_scatter_block(big, small, (int)piece, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        break;
-      }
-      if (i >= 0) times[i] = MPI_Wtime() - t0;
-    }
-    MPI_Reduce(times, slowest, (int)iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    if (rank == 0) {
-      qsort(slowest, iters, sizeof *slowest, earlier);
-      fprintf(out, "%s %llu %.3f\n", name, bytes, slowest[(iters - 1) / 2] * 1e6);
-    }
-    free(big);
-    free(small);
+    /* Both placements: the compared one (ours is compared at it) first, then the other. */
+    double compared = median_us(kind, kind < 2, whole, piece, iters, warmup, times, slowest);
+    double other = median_us(kind, kind >= 2, whole, piece, iters, warmup, times, slowest);
+    if (rank == 0) fprintf(out, "%s %llu %.3f %.3f\n", name, bytes, compared, other);
   }
   if (out && fclose(out) != 0) die("cannot write ", argv[1]);
   MPI_Finalize();
@@ -189,3 +212,34 @@ echo "# ours: comm-bench --backend cpu${TRANSPORT:+ --transport $TRANSPORT}; Ope
   "$ITERS iterations after $WARMUP warm-up, slowest rank's"
 echo
 print_table OpenMPI
+
+# What out of place costs over in place, on both sides: a copy that only one side paid for would
+# show here.
+echo
+echo "| collective | ranks | size | ours out / in place | OpenMPI out / in place |"
+echo "|---|---:|---:|---:|---:|"
+awk -v order="$list" '
+  FILENAME == ARGV[1] {
+    in_place = ($2 == "all_reduce" || $2 == "broadcast")
+    out_us[$1 " " $2 " " $3] = in_place ? $5 : $4
+    in_us[$1 " " $2 " " $3] = in_place ? $4 : $5
+    next
+  }
+  {
+    ours[$1 " " $2 " " $3 " " $5] = $6
+    if (!(($1 " " $2 " " $3) in key)) rows[++count] = $1 " " $2 " " $3
+    key[$1 " " $2 " " $3] = $1 " " $3 " " $4
+  }
+  END {
+    split(order, names, ",")
+    for (k = 1; names[k] != ""; k++)
+      for (n = 1; n <= count; n++) {
+        row = rows[n]
+        split(row, r, " ")
+        if (r[3] != names[k]) continue
+        theirs = key[row]
+        o = ours[row " out-of-place"]; i = ours[row " in-place"]
+        if (!(theirs in in_us) || !o || !i || !in_us[theirs]) continue
+        printf "| %s | %s | %s | %.2f | %.2f |\n", r[3], r[1], r[2], o / i, out_us[theirs] / in_us[theirs]
+      }
+  }' "$work/theirs" "$work/ours"
