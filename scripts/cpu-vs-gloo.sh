@@ -3,7 +3,7 @@
 # and size is timed by comm-bench (--backend cpu) and by torch.distributed (Gloo), then printed
 # as a markdown table with Gloo's time over ours, and one summary line per collective.
 #
-#   cargo build --release --examples --bins
+#   cargo build --release
 #   bash scripts/cpu-vs-gloo.sh                  # BIN_DIR=target/release by default
 #
 # Environment (defaults in brackets):

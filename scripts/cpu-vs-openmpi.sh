@@ -4,7 +4,7 @@
 # and by a small MPI program (compiled here with mpicc -O2, run with mpirun), then printed as a
 # markdown table with Open MPI's time over ours, and one summary line per collective.
 #
-#   cargo build --release --examples --bins
+#   cargo build --release
 #   bash scripts/cpu-vs-openmpi.sh               # BIN_DIR=target/release by default
 #
 # Environment (defaults in brackets):

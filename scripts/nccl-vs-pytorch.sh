@@ -4,7 +4,7 @@
 # the same ranks, for each size; each size's line gives PyTorch's time over ours.
 # Like gpu-check.sh it runs binaries built elsewhere:
 #
-#   here:   cargo build --release --examples --bins
+#   here:   cargo build --release
 #   there:  bash scripts/nccl-vs-pytorch.sh        # BIN_DIR=target/release by default
 #
 # WORLD_SIZE ranks (default: every GPU nvidia-smi lists; 2 with BACKEND=cpu). World size 1 is

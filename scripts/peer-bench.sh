@@ -59,7 +59,7 @@ check_knobs() {
   mapfile -t sizes < <(printf '%s\n' "${sizes[@]}" | unique)
 
   if [ ! -x "$BIN_DIR/comm-bench" ]; then
-    fail "no $BIN_DIR/comm-bench: build it with 'cargo build --release --examples --bins'," \
+    fail "no $BIN_DIR/comm-bench: build it with 'cargo build --release'," \
       "or set BIN_DIR to the folder that has it"
   fi
 }

@@ -9,7 +9,7 @@
 # shellcheck shell=bash
 
 # The one build command (README.md): the examples, commrun and comm-bench in target/release.
-BUILD_COMMAND="cargo build --release --examples --bins"
+BUILD_COMMAND="cargo build --release"
 BIN_DIR=${BIN_DIR:-$SLURM_SUBMIT_DIR/target/release}
 
 # CUDA and NCCL (the NCCL backend loads libnccl.so at run time). A failed load ends the job

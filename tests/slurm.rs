@@ -24,7 +24,7 @@ use test_support::backend::{self, Backend, Kind};
 use test_support::build;
 
 /// The one build command, as README.md shows it (and slurm/common.sh tells a job to run).
-const BUILD: &str = "cargo build --release --examples --bins";
+const BUILD: &str = "cargo build --release";
 use test_support::grid::{expect_cells, Grid, Rows};
 use test_support::process::Plainly;
 
@@ -62,7 +62,7 @@ fn jobs() -> Vec<Job> {
             name: "00-hello-world",
             script: "slurm/00-hello-world.sbatch",
             must_fail: false,
-            needs: &["examples/00-hello-world"],
+            needs: &["00-hello-world"],
             options: &[],
             env: &[],
             args: &[],
@@ -72,7 +72,7 @@ fn jobs() -> Vec<Job> {
             name: "00-hello-world-commrun",
             script: "slurm/00-hello-world.sbatch",
             must_fail: false,
-            needs: &["examples/00-hello-world", "commrun"],
+            needs: &["00-hello-world", "commrun"],
             options: &[],
             env: &[("LAUNCH", "commrun")],
             args: &[],
@@ -82,7 +82,7 @@ fn jobs() -> Vec<Job> {
             name: "01-broadcast",
             script: "slurm/01-broadcast.sbatch",
             must_fail: false,
-            needs: &["examples/01-broadcast"],
+            needs: &["01-broadcast"],
             options: &[],
             env: &[],
             args: &["--len", "5"],
@@ -97,7 +97,7 @@ fn jobs() -> Vec<Job> {
             name: "02-allreduce",
             script: "slurm/02-allreduce.sbatch",
             must_fail: false,
-            needs: &["examples/02-allreduce"],
+            needs: &["02-allreduce"],
             options: &[],
             env: &[],
             args: &["--len", "6"],
@@ -108,7 +108,7 @@ fn jobs() -> Vec<Job> {
             name: "02-allreduce-2x2-srun",
             script: "slurm/02-allreduce.sbatch",
             must_fail: false,
-            needs: &["examples/02-allreduce"],
+            needs: &["02-allreduce"],
             options: &["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2"],
             env: &[],
             args: &["--len", "3"],
@@ -129,7 +129,7 @@ fn jobs() -> Vec<Job> {
             name: "02-allreduce-2x2-commrun",
             script: "slurm/02-allreduce.sbatch",
             must_fail: false,
-            needs: &["examples/02-allreduce", "commrun"],
+            needs: &["02-allreduce", "commrun"],
             options: &["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2"],
             env: &[("LAUNCH", "commrun")],
             args: &["--len", "3"],
@@ -153,7 +153,7 @@ fn jobs() -> Vec<Job> {
             name: "03-multinode-2x1",
             script: "slurm/03-multinode-2x1.sbatch",
             must_fail: false,
-            needs: &["examples/03-multinode-gloo-vs-nccl"],
+            needs: &["03-multinode-gloo-vs-nccl"],
             options: &[],
             env: &[],
             args: &["--size-mb", "2", "--iters", "3", "--warmup", "1"],
@@ -169,7 +169,7 @@ fn jobs() -> Vec<Job> {
             name: "03-multinode-2x4",
             script: "slurm/03-multinode-2x4.sbatch",
             must_fail: false,
-            needs: &["examples/03-multinode-gloo-vs-nccl"],
+            needs: &["03-multinode-gloo-vs-nccl"],
             options: &[],
             env: &[],
             args: &["--size-mb", "2", "--iters", "3", "--warmup", "1"],
@@ -207,7 +207,7 @@ fn jobs() -> Vec<Job> {
             name: "05-nsys-profile",
             script: "slurm/05-nsys-profile.sbatch",
             must_fail: false,
-            needs: &["examples/02-allreduce"],
+            needs: &["02-allreduce"],
             options: &[],
             env: &[("NSYS", "@fake-nsys")],
             args: &["--len", "4"],
@@ -227,7 +227,7 @@ fn jobs() -> Vec<Job> {
             name: "05-nsys-profile-03",
             script: "slurm/05-nsys-profile.sbatch",
             must_fail: false,
-            needs: &["examples/03-multinode-gloo-vs-nccl"],
+            needs: &["03-multinode-gloo-vs-nccl"],
             options: &[],
             env: &[
                 ("NSYS", "@fake-nsys"),
@@ -249,7 +249,7 @@ fn jobs() -> Vec<Job> {
             name: "06-ncu-kernel",
             script: "slurm/06-ncu-kernel.sbatch",
             must_fail: false,
-            needs: &["examples/03-multinode-gloo-vs-nccl"],
+            needs: &["03-multinode-gloo-vs-nccl"],
             options: &[],
             env: &[("NCU", "@fake-ncu"), ("WARMUP", "1"), ("ITERS", "2")],
             args: &["--size-mb", "1"],
@@ -273,10 +273,10 @@ fn jobs() -> Vec<Job> {
             script: "slurm/00-03-course.sbatch",
             must_fail: false,
             needs: &[
-                "examples/00-hello-world",
-                "examples/01-broadcast",
-                "examples/02-allreduce",
-                "examples/03-multinode-gloo-vs-nccl",
+                "00-hello-world",
+                "01-broadcast",
+                "02-allreduce",
+                "03-multinode-gloo-vs-nccl",
             ],
             options: &["--ntasks-per-node=2", "--gres=gpu:2"],
             env: &[],
@@ -304,7 +304,7 @@ fn jobs() -> Vec<Job> {
             name: "00-hello-world-reservation",
             script: "slurm/00-hello-world.sbatch",
             must_fail: false,
-            needs: &["examples/00-hello-world"],
+            needs: &["00-hello-world"],
             options: &[],
             env: &[
                 ("SBATCH_RESERVATION", RESERVATION),
@@ -736,7 +736,7 @@ fn slurm_scripts_run_on_a_real_slurm() {
             assert!(path.is_file(), "`{BUILD}` built no {}", path.display());
         }
     }
-    let machine = backend::on_this_machine(&bin.join("examples/00-hello-world"), &[]);
+    let machine = backend::on_this_machine(&bin.join("00-hello-world"), &[]);
     // Short: munge's socket path must stay under 100 characters.
     let root = PathBuf::from(format!("/tmp/nccl-slurm-{}", std::process::id()));
     let cluster = Cluster::start(&root.join("cluster"));

@@ -13,7 +13,7 @@ use clap::Parser;
              (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT)",
     after_help = "\
 Examples:
-  commrun --nproc-per-node 4 target/release/examples/02-allreduce
+  commrun --nproc-per-node 4 target/release/02-allreduce
   commrun --standalone --nproc-per-node 4 -- python train.py --epochs 3
 
   # two nodes (or two shells on one machine), node 0's host serving the rendezvous:

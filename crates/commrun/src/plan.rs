@@ -280,7 +280,7 @@ fn find_program(program: &OsString) -> Result<PathBuf, String> {
         }
     }
     Err(format!(
-        "program {shown} not found on PATH (give a path such as ./{shown} or target/release/examples/{shown})"
+        "program {shown} not found on PATH (give a path such as ./{shown} or target/release/{shown})"
     ))
 }
 
