@@ -8,7 +8,7 @@
 # BACKEND=cpu GPUS=2 runs the same checks on the CPU backend (the test suite does, so this script
 # cannot rot where there is no GPU).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 BIN_DIR=${BIN_DIR:-target/release/examples}
 BACKEND=${BACKEND:-nccl}
 if [ -z "${GPUS:-}" ]; then

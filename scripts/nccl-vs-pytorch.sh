@@ -20,6 +20,7 @@ BIN_DIR=${BIN_DIR:-target/release}
 BACKEND=${BACKEND:-nccl}
 PYTHON=${PYTHON:-python3}
 SIZES_MB=${SIZES_MB:-${SIZE_MB:-1 16 100}}
+read -ra sizes_mb <<<"$SIZES_MB"
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 if [ -z "${WORLD_SIZE:-}" ]; then
@@ -49,7 +50,7 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Ours: one comm-bench run per size, in-place rows only (PyTorch's all_reduce is in place).
-for mb in $SIZES_MB; do
+for mb in "${sizes_mb[@]}"; do
   bytes=$((mb * 1000000))
   "$BIN_DIR/comm-bench" --backend "$BACKEND" --world-sizes "$WORLD_SIZE" -b "$bytes" -e "$bytes" \
     -n "$ITERS" -w "$WARMUP" -z 1 --collectives all_reduce -d float --csv "$work/ours-$mb.csv" >&2
@@ -109,7 +110,7 @@ if __name__ == "__main__":
     mp.spawn(rank_main, args=(backend, world_size, iters, warmup, out, sizes, port),
              nprocs=world_size)
 PY
-"$PYTHON" "$work/theirs.py" "$BACKEND" "$WORLD_SIZE" "$ITERS" "$WARMUP" "$work/theirs" $SIZES_MB
+"$PYTHON" "$work/theirs.py" "$BACKEND" "$WORLD_SIZE" "$ITERS" "$WARMUP" "$work/theirs" "${sizes_mb[@]}"
 
 # One block per size: both medians and the ratio.
 awk -v n="$WORLD_SIZE" -v be="$BACKEND" '
