@@ -33,16 +33,10 @@
 set -euo pipefail
 here=$(dirname "$0")
 
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
-for arg in "$@"; do
-  case $arg in
-    -h | --help) usage; exit 0 ;;
-    *)
-      echo "cpu-vs-openmpi: unknown argument '$arg': the script takes none but -h/--help;" \
-        "settings are environment variables (see --help)" >&2
-      exit 2 ;;
-  esac
-done
+peer_script=cpu-vs-openmpi
+# shellcheck source=scripts/peer-bench.sh
+. "$here/peer-bench.sh"
+take_no_arguments "$@"
 
 cd "$here/.."
 BIN_DIR=${BIN_DIR:-target/release}
@@ -55,9 +49,6 @@ ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 TRANSPORT=${TRANSPORT:-}
 
-peer_script=cpu-vs-openmpi
-# shellcheck source=scripts/peer-bench.sh
-. "$here/peer-bench.sh"
 check_knobs
 ITERS=$((10#$ITERS)) WARMUP=$((10#$WARMUP))
 # Before any run: without Open MPI there is nothing to compare with.

@@ -3,10 +3,26 @@
 # What scripts/cpu-vs-gloo.sh and scripts/cpu-vs-openmpi.sh share, sourced by both: comm-bench's
 # size syntax, the knobs (WORLD_SIZES, SIZES, COLLECTIVES, ITERS, WARMUP, TRANSPORT, BIN_DIR), the
 # (world size, size) pairs that fit in memory, our side of the run (comm-bench, its CSV read by
-# column name into $work/ours) and the table. The sourcing script sets peer_script (its name, for
-# messages) and the knobs' defaults first.
+# column name into $work/ours) and the table, and the refusal of arguments. The sourcing script
+# sets peer_script (its name, for messages) before sourcing, and the knobs' defaults before
+# check_knobs.
 
 fail() { echo "$peer_script: $*" >&2; exit 2; }
+
+# take_no_arguments "$@": -h/--help prints the sourcing script's header comment; any other
+# argument is refused, since the settings are environment variables.
+take_no_arguments() {
+  local arg
+  for arg in "$@"; do
+    case $arg in
+      -h | --help)
+        awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+        exit 0 ;;
+      *) fail "unknown argument '$arg': the script takes none but -h/--help; settings are" \
+        "environment variables (see --help)" ;;
+    esac
+  done
+}
 
 # bytes_of SIZE: comm-bench's size syntax (crates/comm-bench/src/units.rs) in bytes, or failure.
 # At most 1 TiB, far beyond one machine, so that no product below overflows bash's integers.

@@ -142,31 +142,21 @@ fn an_unknown_collective_is_refused_before_torch_is_looked_for() {
         ],
         Duration::from_secs(60),
     );
-    assert_eq!(out.code_or_signal(), 2, "{out:?}");
-    assert!(out.stderr.contains("'bogus'"), "{}", out.stderr);
     // The knobs come first: the missing torch is not what it reports.
-    assert!(!out.stderr.contains("PyTorch"), "{}", out.stderr);
-    assert!(!ran.exists(), "comm-bench ran with a bad COLLECTIVES");
-    std::fs::remove_dir_all(&dir).unwrap();
+    assert_refused_before_anything_ran(&out, "PyTorch", &ran, &dir);
 }
 
 #[test]
 fn help_prints_the_usage_and_other_arguments_are_refused() {
-    let help = cpu_vs_gloo(&["--help"], &[], Duration::from_secs(30));
-    help.assert_success("cpu-vs-gloo.sh --help");
-    for knob in [
+    let knobs = [
         "BIN_DIR",
         "PYTHON",
         "WORLD_SIZES",
         "SIZES",
         "COLLECTIVES",
         "TRANSPORT",
-    ] {
-        assert!(help.stdout.contains(knob), "{knob} in\n{}", help.stdout);
-    }
-    let bad = cpu_vs_gloo(&["--sizes"], &[], Duration::from_secs(30));
-    assert_eq!(bad.code_or_signal(), 2, "{bad:?}");
-    assert!(bad.stderr.contains("'--sizes'"), "{}", bad.stderr);
+    ];
+    assert_help_names_knobs_and_arguments_are_refused("cpu-vs-gloo.sh", &knobs);
 }
 
 /// A real comparison: 2 ranks, 1 MB, the four collectives. NCCL_WORKSHOP_TEST_PYTHON names
@@ -246,19 +236,13 @@ fn an_unknown_collective_is_refused_before_open_mpi_is_looked_for() {
         ],
         Duration::from_secs(60),
     );
-    assert_eq!(out.code_or_signal(), 2, "{out:?}");
-    assert!(out.stderr.contains("'bogus'"), "{}", out.stderr);
     // The knobs come first: the missing Open MPI is not what it reports.
-    assert!(!out.stderr.contains("apt-get"), "{}", out.stderr);
-    assert!(!ran.exists(), "comm-bench ran with a bad COLLECTIVES");
-    std::fs::remove_dir_all(&dir).unwrap();
+    assert_refused_before_anything_ran(&out, "apt-get", &ran, &dir);
 }
 
 #[test]
 fn open_mpi_help_prints_the_usage_and_other_arguments_are_refused() {
-    let help = cpu_vs_openmpi(&["--help"], &[], Duration::from_secs(30));
-    help.assert_success("cpu-vs-openmpi.sh --help");
-    for knob in [
+    let knobs = [
         "BIN_DIR",
         "MPICC",
         "MPIRUN",
@@ -266,12 +250,32 @@ fn open_mpi_help_prints_the_usage_and_other_arguments_are_refused() {
         "SIZES",
         "COLLECTIVES",
         "TRANSPORT",
-    ] {
+    ];
+    assert_help_names_knobs_and_arguments_are_refused("cpu-vs-openmpi.sh", &knobs);
+}
+
+/// `NAME --help` prints the usage, naming every knob; an argument (`--sizes`) is refused with
+/// exit code 2, naming it.
+fn assert_help_names_knobs_and_arguments_are_refused(name: &str, knobs: &[&str]) {
+    let help = run_script(name, &["--help"], &[], Duration::from_secs(30));
+    help.assert_success(&format!("{name} --help"));
+    for knob in knobs {
         assert!(help.stdout.contains(knob), "{knob} in\n{}", help.stdout);
     }
-    let bad = cpu_vs_openmpi(&["--sizes"], &[], Duration::from_secs(30));
+    let bad = run_script(name, &["--sizes"], &[], Duration::from_secs(30));
     assert_eq!(bad.code_or_signal(), 2, "{bad:?}");
     assert!(bad.stderr.contains("'--sizes'"), "{}", bad.stderr);
+}
+
+/// A bad COLLECTIVES was refused (exit code 2, naming 'bogus') before the peer was looked for
+/// (`peer_hint`, what the missing peer's message says, is not in stderr) and before comm-bench
+/// ran; then `dir` is removed.
+fn assert_refused_before_anything_ran(out: &Finished, peer_hint: &str, ran: &Path, dir: &Path) {
+    assert_eq!(out.code_or_signal(), 2, "{out:?}");
+    assert!(out.stderr.contains("'bogus'"), "{}", out.stderr);
+    assert!(!out.stderr.contains(peer_hint), "{}", out.stderr);
+    assert!(!ran.exists(), "comm-bench ran with a bad COLLECTIVES");
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// Whether `program` is an executable file in a folder of PATH.

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::streaming::{fence, stream_line, Stores, LINE};
+use crate::streaming::{fence, stream_line, whole_lines, Stores, LINE};
 
 /// The element types, named as nccl-tests names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -278,8 +278,7 @@ fn pair_with<T: Element>(stores: Stores, out: &mut [T], a: &[T], b: &[T], f: imp
     }
     // Ordinary stores up to the first whole line of `out` and after the last.
     let per_line = LINE / std::mem::size_of::<T>();
-    let head = out.as_ptr().align_offset(LINE).min(out.len());
-    let body = (out.len() - head) / per_line * per_line;
+    let (head, body) = whole_lines(out);
     let (lines, tail) = (head..head + body, head + body..out.len());
     cached(&mut out[..head], &a[..head], &b[..head]);
     for ((o, x), y) in out[lines.clone()]

@@ -1,5 +1,6 @@
-//! Writes that bypass the cache, for destinations too large to stay in it: a copy into a large
-//! receive buffer, or an out-of-place reduction's output.
+//! How large destinations are written: by whole aligned 64-byte lines, through the cache or
+//! around it (streaming) when the destination is too large to stay in it. A copy into a receive
+//! buffer or a shared-memory slot, or an out-of-place reduction's output.
 
 /// How a destination is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,9 +55,8 @@ const BY_LINES_BYTES: usize = 4 << 10;
 /// and each aligned line between with `line(dst_line, src_line)`.
 #[inline(always)]
 fn by_lines(dst: &mut [u8], src: &[u8], line: impl Fn(&mut [u8], &[u8])) {
-    let head = dst.as_ptr().align_offset(LINE).min(dst.len());
+    let (head, body) = whole_lines(dst);
     dst[..head].copy_from_slice(&src[..head]);
-    let body = (dst.len() - head) / LINE * LINE;
     for (to, from) in dst[head..head + body]
         .chunks_exact_mut(LINE)
         .zip(src[head..].chunks_exact(LINE))
@@ -68,6 +68,14 @@ fn by_lines(dst: &mut [u8], src: &[u8], line: impl Fn(&mut [u8], &[u8])) {
 
 /// A cache line: what [`stream_line`] writes at once.
 pub(crate) const LINE: usize = 64;
+
+/// Where `dst`'s whole, aligned lines are, in elements: after the first `head` elements,
+/// `body` of them (a multiple of a line's worth); the rest is the tail.
+pub(crate) fn whole_lines<T>(dst: &[T]) -> (usize, usize) {
+    let per_line = LINE / std::mem::size_of::<T>();
+    let head = dst.as_ptr().align_offset(LINE).min(dst.len());
+    (head, (dst.len() - head) / per_line * per_line)
+}
 
 /// Writes one line `dst` (64 bytes, 64-byte aligned) from `src` (64 bytes, any alignment)
 /// around the cache. Callers [`fence`] after a run of them.

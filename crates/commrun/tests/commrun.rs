@@ -425,26 +425,31 @@ fn ctrl_c_reaches_every_worker_and_leaves_no_orphan() {
     assert_all_gone(&pids);
 }
 
+/// commrun's flags for node `rank` of two, with two workers each, meeting at 127.0.0.1:`port`.
+fn two_nodes_of_two<'a>(rank: &'a str, port: &'a str) -> [&'a str; 10] {
+    [
+        "--nnodes",
+        "2",
+        "--node-rank",
+        rank,
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        port,
+    ]
+}
+
 #[test]
 fn two_commruns_on_one_machine_form_one_job() {
     let allreduce = example("02-allreduce");
     let port = free_port().to_string();
     let node = |rank: &str| {
         start(
-            commrun(&[
-                "--nnodes",
-                "2",
-                "--node-rank",
-                rank,
-                "--nproc-per-node",
-                "2",
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                &port,
-            ])
-            .arg(&allreduce)
-            .args(["--backend", "cpu", "--timeout", "60", "--len", "5"]),
+            commrun(&two_nodes_of_two(rank, &port))
+                .arg(&allreduce)
+                .args(["--backend", "cpu", "--timeout", "60", "--len", "5"]),
         )
     };
     // Node 1 first: its workers wait for node 0's store, as on a real cluster.
@@ -486,19 +491,7 @@ fn across_hosts_pairs_use_tcp_and_within_a_host_shared_memory() {
     let allreduce = example("02-allreduce");
     let port = free_port().to_string();
     let node = |rank: &str| {
-        let args = [
-            "--nnodes",
-            "2",
-            "--node-rank",
-            rank,
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            &port,
-        ];
-        let mut command = commrun(&args);
+        let mut command = commrun(&two_nodes_of_two(rank, &port));
         command
             .arg(&allreduce)
             .args(["--backend", "cpu", "--timeout", "60", "--len", "3"]);
@@ -570,29 +563,18 @@ fn a_lost_node_is_named_by_the_other_nodes_workers() {
     let port = free_port().to_string();
     let node = |rank: &str| {
         start(
-            commrun(&[
-                "--nnodes",
-                "2",
-                "--node-rank",
-                rank,
-                "--nproc-per-node",
-                "2",
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                &port,
-                "--",
-            ])
-            .arg(std::env::current_exe().unwrap())
-            .args([
-                "a_lost_node_is_named_by_the_other_nodes_workers",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("COMMRUN_TEST_SCENARIO", "node-1-stalls")
-            .env("JOB_TIMEOUT", "4")
-            .env("PID_DIR", &dir),
+            commrun(&two_nodes_of_two(rank, &port))
+                .arg("--")
+                .arg(std::env::current_exe().unwrap())
+                .args([
+                    "a_lost_node_is_named_by_the_other_nodes_workers",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("COMMRUN_TEST_SCENARIO", "node-1-stalls")
+                .env("JOB_TIMEOUT", "4")
+                .env("PID_DIR", &dir),
         )
     };
     let node0 = node("0");
@@ -617,22 +599,11 @@ fn a_lost_node_is_named_by_the_other_nodes_workers() {
     // A node that never joins: node 0's workers give up at the rendezvous and name it.
     let hello = example("00-hello-world");
     let port = free_port().to_string();
-    let out = commrun(&[
-        "--nnodes",
-        "2",
-        "--node-rank",
-        "0",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        &port,
-    ])
-    .arg(&hello)
-    .args(["--backend", "cpu", "--timeout", "3"])
-    .output()
-    .unwrap();
+    let out = commrun(&two_nodes_of_two("0", &port))
+        .arg(&hello)
+        .args(["--backend", "cpu", "--timeout", "3"])
+        .output()
+        .unwrap();
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     // Which wait gives up first is the backend's business; the node's ranks are named either way.
