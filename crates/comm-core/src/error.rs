@@ -199,6 +199,18 @@ pub enum CommError {
         max: u64,
     },
 
+    /// Rank `by` ended the job and said why (in the store, under the job's abort key): the
+    /// ranks still setting up or waiting stop at once instead of waiting out their timeout.
+    #[error("rank {rank} stops because rank {by} ended the job: {reason}")]
+    JobAborted {
+        /// The rank that stops.
+        rank: usize,
+        /// The rank that ended the job.
+        by: usize,
+        /// Its error, as it printed it.
+        reason: String,
+    },
+
     /// Rank `rank` refused a connection to its peer port from `from`: it came from another run
     /// (`their_run` differs from `our_run`), from a job of another size, or claimed a rank that
     /// is already connected or cannot connect to this one. Another job is most likely using the
@@ -329,6 +341,7 @@ impl CommError {
             | CommError::PeerGone { peer, .. }
             | CommError::PeerUnreachable { peer, .. } => Some(*peer),
             CommError::Timeout { missing, .. } if missing.len() == 1 => Some(missing[0]),
+            CommError::JobAborted { by, .. } => Some(*by),
             CommError::StoreUnreachable { .. } | CommError::StoreLost { .. } => Some(STORE_RANK),
             _ => None,
         }
@@ -369,6 +382,7 @@ impl CommError {
             CommError::WorldSizeMismatch { .. } => "world_size_mismatch",
             CommError::StoreLimit { .. } => "store_limit",
             CommError::ForeignPeer { .. } => "foreign_peer",
+            CommError::JobAborted { .. } => "job_aborted",
             CommError::Peer(_) => "peer",
             CommError::Backend(_) => "backend",
         }

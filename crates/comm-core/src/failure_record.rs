@@ -17,6 +17,7 @@
 //! The fields after `message` are ours; all of them may be absent (a record torch wrote).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -129,7 +130,13 @@ impl ErrorRecord {
 /// Where a rank reports that it failed: prints `error: rank R: <error>` to stderr and, when
 /// `TORCHELASTIC_ERROR_FILE` is set, writes the [`ErrorRecord`] there. Returns the exit code
 /// a failed rank exits with (1).
+///
+/// Only the first failure of a process is reported: when the store's watcher and the main thread
+/// both see the job end, one line says so.
 pub fn report_failure(rank: usize, error: &CommError) -> i32 {
+    if REPORTED.swap(true, Ordering::SeqCst) {
+        return 1;
+    }
     eprintln!("error: rank {rank}: {error}");
     if let Some(path) = std::env::var_os(ERROR_FILE_ENV).filter(|p| !p.is_empty()) {
         let path = Path::new(&path);
@@ -141,6 +148,22 @@ pub fn report_failure(rank: usize, error: &CommError) -> i32 {
         }
     }
     1
+}
+
+/// Whether this process has reported its failure.
+static REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Stops this rank now, from any thread, because the job ended under it (another rank failed, or
+/// the store is gone): reports `error` and exits, unless the main thread reported a failure
+/// first (it then exits by itself). Shared-memory segments this process created and has not yet
+/// unlinked go first, so nothing is left in /dev/shm.
+pub fn stop_now(rank: usize, error: &CommError) {
+    if REPORTED.load(Ordering::SeqCst) {
+        return;
+    }
+    let code = report_failure(rank, error);
+    crate::backend::cpu::remove_own_segments();
+    std::process::exit(code);
 }
 
 #[cfg(test)]

@@ -13,8 +13,8 @@ use crate::backend::nccl::{self, NcclBackend};
 use crate::backend::{self, BackendChoice, BackendKind, Selection};
 use crate::comm::Communicator;
 use crate::error::{CommError, Result};
-use crate::store::{Store, StoreServer};
-use crate::topology::Topology;
+use crate::store::{Membership, Store, StoreServer};
+use crate::topology::{StoreHost, Topology};
 
 /// One rank's part in a launched job.
 pub struct Job {
@@ -33,7 +33,9 @@ pub struct Job {
 
 impl Job {
     /// Meets the other ranks: decides the backend (rank 0 says which and why), then rank 0
-    /// serves the store at MASTER_PORT and every rank connects to it.
+    /// serves the store at MASTER_PORT (unless torchrun's agent serves it there) and every rank
+    /// joins it. From then on, if another rank ends the job or the store goes away, this rank
+    /// stops at once, wherever it is, saying why (see [`Store::when_job_ends`]).
     ///
     /// Deciding has no side effects: linking pip's `libnccl.so.2` (and the restart that takes)
     /// happened at the start of the process, in [`backend::prepare`] (see [`nccl::library`]).
@@ -48,8 +50,8 @@ impl Job {
             println!("{selection}");
         }
         let _range = crate::profile::range(|| "rendezvous".into());
-        let server = match rank {
-            0 => Some(StoreServer::bind_job(
+        let server = match (rank, topology.store) {
+            (0, StoreHost::RankZero) => Some(StoreServer::bind_job(
                 &topology.master_addr,
                 topology.master_port,
                 world_size,
@@ -57,14 +59,15 @@ impl Job {
             )?),
             _ => None,
         };
-        let store = Store::connect_job(
-            &topology.master_addr,
-            topology.master_port,
+        let namespace = topology.store.namespace();
+        let who = Membership {
             rank,
             world_size,
-            topology.run_id.as_deref(),
-            timeout,
-        )?;
+            run_id: topology.run_id.as_deref(),
+            namespace: &namespace,
+        };
+        let store = Store::join(&topology.master_addr, topology.master_port, &who, timeout)?;
+        store.when_job_ends(move |error| crate::failure_record::stop_now(rank, &error));
         Ok(Job {
             topology: topology.clone(),
             selection,
@@ -157,6 +160,12 @@ impl Job {
             }
         };
         Ok(comm.with_store(self.store.clone(), &name))
+    }
+
+    /// Ends the job for every rank because this one failed with `error`: the others stop at once
+    /// instead of waiting for this rank until their timeout. Best effort.
+    pub fn abort(&self, error: &CommError) {
+        self.store.abort(error);
     }
 
     /// Ends the job cleanly: waits for every rank, then rank 0 keeps serving the store until the

@@ -108,14 +108,21 @@ pub fn run_job(
             let rank = topology.rank;
             let job = args
                 .timeout()
-                .and_then(|timeout| Job::rendezvous(&topology, args.backend, timeout))
-                .map(|job| job.with_transport(args.transport));
-            match job.and_then(|job| {
-                body(&job)?;
-                job.finish()
-            }) {
-                Ok(()) => 0,
-                Err(e) => crate::failure_record::report_failure(rank, &e),
+                .and_then(|timeout| Job::rendezvous(&topology, args.backend, timeout));
+            let job = match job {
+                Ok(job) => job.with_transport(args.transport),
+                Err(e) => return crate::failure_record::report_failure(rank, &e),
+            };
+            match body(&job) {
+                Ok(()) => match job.finish() {
+                    Ok(()) => 0,
+                    Err(e) => crate::failure_record::report_failure(rank, &e),
+                },
+                Err(e) => {
+                    let code = crate::failure_record::report_failure(rank, &e);
+                    job.abort(&e);
+                    code
+                }
             }
         }
     }

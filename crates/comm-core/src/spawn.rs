@@ -284,6 +284,7 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
             run_id: plan.run_id.clone(),
             // A worker reads GLOO_SOCKET_IFNAME itself, from the environment it inherits.
             socket_ifname: None,
+            store: crate::topology::StoreHost::RankZero,
         };
         let rank = topology.rank;
         let mut command = Command::new(&plan.program);

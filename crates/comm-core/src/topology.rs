@@ -53,7 +53,38 @@ pub struct Topology {
     /// [`SOCKET_IFNAME_VAR`] as Gloo reads it; None: the address this rank reaches the store
     /// from.
     pub socket_ifname: Option<String>,
+    /// Who serves the rendezvous store at MASTER_ADDR:MASTER_PORT.
+    pub store: StoreHost,
 }
+
+/// Who serves the rendezvous store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreHost {
+    /// Rank 0, for the job (self-spawn, commrun, srun, torchrun told not to share its store).
+    RankZero,
+    /// torchrun's agent on node 0 (`TORCHELASTIC_USE_AGENT_STORE=True`): every rank is a client,
+    /// and this job's keys live under `/worker/attempt_<attempt>`, torch's own worker prefix, so a
+    /// restarted worker group (`TORCHELASTIC_RESTART_COUNT`) meets under fresh keys.
+    Agent {
+        /// The worker group's attempt, 0 first.
+        attempt: usize,
+    },
+}
+
+impl StoreHost {
+    /// The namespace this job's keys live under in the store ("" for rank 0's own store).
+    pub fn namespace(&self) -> String {
+        match self {
+            StoreHost::RankZero => String::new(),
+            StoreHost::Agent { attempt } => format!("/worker/attempt_{attempt}"),
+        }
+    }
+}
+
+/// torchrun's variable saying its agent serves the store the workers should use.
+pub const AGENT_STORE_VAR: &str = "TORCHELASTIC_USE_AGENT_STORE";
+/// torchrun's variable for which attempt of the worker group this is (0 first).
+pub const RESTART_COUNT_VAR: &str = "TORCHELASTIC_RESTART_COUNT";
 
 /// Names the interface for the CPU backend's TCP links, as it does for Gloo's (`ib0`, `eth0`).
 pub const SOCKET_IFNAME_VAR: &str = "GLOO_SOCKET_IFNAME";
@@ -106,6 +137,7 @@ impl Topology {
             launcher: Launcher::Torchrun,
             run_id: None,
             socket_ifname: socket_ifname(&|name| std::env::var(name).ok()),
+            store: StoreHost::RankZero,
         })
     }
 
@@ -176,17 +208,6 @@ fn check_below(name: &str, value: usize, limit_name: &str, limit: usize) -> Resu
 fn torchrun(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
     const HINT: &str =
         "set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT together (torchrun and commrun do)";
-    // torchrun's agent may serve its own store (c10d's TCPStore) at MASTER_ADDR:MASTER_PORT and
-    // say so; ours speaks another protocol and cannot share that port.
-    if var("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.trim() == "True") {
-        return Err(CommError::env(
-            "TORCHELASTIC_USE_AGENT_STORE",
-            "TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves its own store at \
-             MASTER_ADDR:MASTER_PORT, where rank 0 would serve ours. Start with \
-             TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone ... (or \
-             --rdzv-backend c10d), or with commrun",
-        ));
-    }
     let rank = number(var, "RANK", HINT)?;
     let world_size = number(var, "WORLD_SIZE", HINT)?;
     check_world_size("WORLD_SIZE", world_size)?;
@@ -223,7 +244,18 @@ fn torchrun(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
         launcher: Launcher::Torchrun,
         run_id: var(RUN_ID_VAR).filter(|id| !id.trim().is_empty()),
         socket_ifname: socket_ifname(var),
+        store: agent_store(var)?,
     })
+}
+
+/// Whether torchrun's agent serves the store at MASTER_ADDR:MASTER_PORT, and which attempt of
+/// the worker group this is (torchrun restarts the whole group after a failure).
+fn agent_store(var: &impl Fn(&str) -> Option<String>) -> Result<StoreHost> {
+    if !var(AGENT_STORE_VAR).is_some_and(|v| v.trim() == "True") {
+        return Ok(StoreHost::RankZero);
+    }
+    let attempt = optional_number(var, RESTART_COUNT_VAR)?.unwrap_or(0);
+    Ok(StoreHost::Agent { attempt })
 }
 
 fn slurm(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
@@ -292,6 +324,7 @@ fn slurm(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
         launcher: Launcher::Slurm,
         run_id: slurm_run_id(var),
         socket_ifname: socket_ifname(var),
+        store: StoreHost::RankZero,
     })
 }
 
@@ -697,21 +730,35 @@ mod tests {
     }
 
     #[test]
-    fn torchruns_agent_store_is_refused_with_the_way_out() {
+    fn torchruns_agent_store_makes_every_rank_a_client_under_its_attempt() {
         let base = [
             ("RANK", "0"),
             ("WORLD_SIZE", "2"),
             ("MASTER_ADDR", "h"),
             ("MASTER_PORT", "29500"),
         ];
+        assert_eq!(topo(&base).unwrap().unwrap().store, StoreHost::RankZero);
         let mut v = base.to_vec();
         v.push(("TORCHELASTIC_USE_AGENT_STORE", "True"));
-        let e = err(&v);
-        assert!(e.contains("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"), "{e}");
-        // torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 says False: rank 0 serves ours.
+        let t = topo(&v).unwrap().unwrap();
+        assert_eq!(t.store, StoreHost::Agent { attempt: 0 });
+        assert_eq!(t.store.namespace(), "/worker/attempt_0");
+        v.push(("TORCHELASTIC_RESTART_COUNT", "2"));
+        assert_eq!(
+            topo(&v).unwrap().unwrap().store.namespace(),
+            "/worker/attempt_2"
+        );
         v.pop();
+        v.push(("TORCHELASTIC_RESTART_COUNT", "two"));
+        assert!(
+            err(&v).contains("TORCHELASTIC_RESTART_COUNT"),
+            "{}",
+            err(&v)
+        );
+        // torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 says False: rank 0 serves ours.
+        let mut v = base.to_vec();
         v.push(("TORCHELASTIC_USE_AGENT_STORE", "False"));
-        assert_eq!(topo(&v).unwrap().unwrap().master_port, 29500);
+        assert_eq!(topo(&v).unwrap().unwrap().store, StoreHost::RankZero);
     }
 
     #[test]

@@ -377,6 +377,7 @@ mod tests {
             launcher: Launcher::Slurm,
             run_id: Some("slurm-7.0".into()),
             socket_ifname: None,
+            store: comm_core::topology::StoreHost::RankZero,
         }
     }
 

@@ -1,31 +1,85 @@
 //! The store's client side: what every rank (rank 0 included) uses to set, get, wait, add and
-//! meet at barriers.
+//! meet at barriers, in c10d's TCPStore protocol, against our server or torchrun's.
+//!
+//! Keys travel as PyTorch's client sends them: a `/` in front (TCPStore's own prefix), after the
+//! job's namespace if it has one. Under torchrun that namespace is `/worker/attempt_<n>`, the
+//! `PrefixStore` torch's own workers put over the agent's store, so each restart of the worker
+//! group meets under fresh keys; Python reads ours through the same two wrappers.
+//!
+//! Every store also keeps a second connection, the watcher, blocked in a WAIT for the job's abort
+//! key: when a rank ends the job, or the store itself goes away (rank 0 killed), the watcher
+//! hears it at once, fails this rank's pending and later requests with that reason, and tells
+//! the hook a [`crate::job::Job`] installs, which stops the rank even if it is busy elsewhere.
 
-use std::io::{BufReader, BufWriter};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::io::{BufReader, ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::frame::{read_frame, write_frame, Refusal, Request, Response};
-use super::MAX_FRAME;
-use crate::error::{CommError, Result};
+use super::membership;
+use super::wire::{self, query, Encoder, MAX_VALUE_BYTES};
+use crate::error::{rank_list, CommError, Result};
+
+/// The key on the wire for `key` in `namespace`: PyTorch's `PrefixStore` joins with `/`, and
+/// its `TCPStore` puts `/` in front of every key.
+pub fn wire_key(namespace: &str, key: &str) -> String {
+    match namespace {
+        "" => format!("/{key}"),
+        ns => format!("/{ns}/{key}"),
+    }
+}
+
+/// Who joins the store: which rank of how many, of which run, and under which namespace.
+#[derive(Debug, Clone, Copy)]
+pub struct Membership<'a> {
+    /// This rank, 0..world_size.
+    pub rank: usize,
+    /// Ranks in the job.
+    pub world_size: usize,
+    /// The run's id, compared with the job's (None: ranks started by hand compare nothing).
+    pub run_id: Option<&'a str>,
+    /// A prefix for every key ("" for our own store; `/worker/attempt_<n>` under torchrun).
+    pub namespace: &'a str,
+}
+
+/// What ended the job, as the watcher heard it.
+#[derive(Debug, Clone)]
+enum Ended {
+    /// A rank wrote the abort key: its value.
+    Aborted(Vec<u8>),
+    /// The watcher's connection broke: the store is gone.
+    Lost(ErrorKind, String),
+}
+
+type EndHook = Box<dyn FnOnce(CommError) + Send>;
+
+/// What the watcher shares with the store.
+struct Watch {
+    ended: Mutex<Option<Ended>>,
+    hook: Mutex<Option<EndHook>>,
+    stopping: AtomicBool,
+}
 
 /// A connection to the rendezvous store.
 pub struct Store {
-    conn: Mutex<(BufReader<TcpStream>, BufWriter<TcpStream>)>,
+    conn: Mutex<Conn>,
+    /// The same socket, to interrupt a blocked request when the job ends.
+    interrupt: TcpStream,
     endpoint: String,
+    namespace: String,
     rank: usize,
     world_size: usize,
-    run_id: Option<String>,
     timeout: Duration,
     barriers: AtomicU64,
     local_addr: SocketAddr,
+    watch: Arc<Watch>,
+    watcher: Option<(TcpStream, std::thread::JoinHandle<()>)>,
 }
 
 impl Store {
     /// Connects to the store at `host:port` as rank `rank` of `world_size`, without a run id
-    /// (ranks started by hand, tests); see [`Store::connect_job`].
+    /// (ranks started by hand, tests); see [`Store::join`].
     pub fn connect(
         host: &str,
         port: u16,
@@ -36,15 +90,7 @@ impl Store {
         Self::connect_job(host, port, rank, world_size, None, timeout)
     }
 
-    /// Connects to the store at `host:port` and says hello as rank `rank` of a job of
-    /// `world_size` ranks and run `run_id`, retrying until `timeout`: rank 0 may not be up yet,
-    /// the store may be full of a stranger's silent connections, or this process (or the
-    /// server) may be out of file descriptors for a moment.
-    ///
-    /// The store refuses at once, and this returns, a rank of another run
-    /// ([`CommError::ForeignRank`], compared only when both have a run id), a rank whose earlier
-    /// connection is still open ([`CommError::DuplicateRank`]) and a world size other than rank
-    /// 0's ([`CommError::WorldSizeMismatch`]).
+    /// [`Store::join`] with no namespace: the store our rank 0 serves.
     pub fn connect_job(
         host: &str,
         port: u16,
@@ -53,57 +99,83 @@ impl Store {
         run_id: Option<&str>,
         timeout: Duration,
     ) -> Result<Store> {
-        let endpoint = format!("{host}:{port}");
-        let hello = Request::Hello {
-            rank: u32::try_from(rank)
-                .map_err(|_| CommError::Usage(format!("rank {rank} is too large")))?,
-            world_size: u32::try_from(world_size)
-                .map_err(|_| CommError::Usage(format!("world size {world_size} is too large")))?,
-            run_id: run_id.map(str::to_string),
-        };
-        let who = Who {
+        let who = Membership {
             rank,
-            endpoint: &endpoint,
+            world_size,
             run_id,
+            namespace: "",
         };
-        // A timeout too far to represent waits for good rather than overflowing the clock.
+        Self::join(host, port, &who, timeout)
+    }
+
+    /// Connects to the store at `host:port`, retrying until `timeout` (rank 0 may not be up yet,
+    /// the store may be full of a stranger's silent connections, or this process or the server
+    /// may be out of file descriptors for a moment), then joins the job as `who` says.
+    ///
+    /// Refused at once, and returned: a rank of another run ([`CommError::ForeignRank`], compared
+    /// only when both have a run id), a rank another process already holds
+    /// ([`CommError::DuplicateRank`]), a world size other than the job's
+    /// ([`CommError::WorldSizeMismatch`]), and a job another rank already ended
+    /// ([`CommError::JobAborted`]). The last three end the job for every rank.
+    pub fn join(host: &str, port: u16, who: &Membership<'_>, timeout: Duration) -> Result<Store> {
+        let endpoint = format!("{host}:{port}");
         let deadline = far(timeout);
-        let mut pause = Duration::from_millis(20);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let last = match attempt(&endpoint, &hello, left) {
-                Ok((reader, writer, local_addr)) => {
-                    return Ok(Store {
-                        conn: Mutex::new((reader, writer)),
-                        endpoint,
-                        rank,
-                        world_size,
-                        run_id: run_id.map(str::to_string),
-                        timeout,
-                        barriers: AtomicU64::new(0),
-                        local_addr,
-                    })
-                }
-                // Full of connections: a stranger's silent ones go after the hello timeout.
-                Err(Attempt::Refused(refusal @ Refusal::Limit { .. })) => Err(refusal),
-                Err(Attempt::Refused(refusal)) => return Err(who.refused(refusal, "hello")),
-                // Not listening yet, out of file descriptors here or there, a reset: again.
-                Err(Attempt::Failed(source)) => Ok(source),
-            };
-            if far(pause) >= deadline {
-                return Err(match last {
-                    Ok(source) => CommError::StoreUnreachable {
-                        rank,
-                        endpoint,
-                        timeout,
-                        source,
-                    },
-                    Err(refusal) => who.refused(refusal, "hello"),
-                });
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(500));
-        }
+        let conn =
+            connect_until(&endpoint, deadline).map_err(|source| CommError::StoreUnreachable {
+                rank: who.rank,
+                endpoint: endpoint.clone(),
+                timeout,
+                source,
+            })?;
+        let lost = |source| CommError::StoreLost {
+            rank: who.rank,
+            endpoint: endpoint.clone(),
+            key: "joining".into(),
+            source,
+        };
+        let interrupt = conn.stream.try_clone().map_err(lost)?;
+        let local_addr = conn.stream.local_addr().map_err(lost)?;
+        let mut store = Store {
+            conn: Mutex::new(conn),
+            interrupt,
+            endpoint: endpoint.clone(),
+            namespace: who.namespace.to_string(),
+            rank: who.rank,
+            world_size: who.world_size,
+            timeout,
+            barriers: AtomicU64::new(0),
+            local_addr,
+            watch: Arc::new(Watch {
+                ended: Mutex::new(None),
+                hook: Mutex::new(None),
+                stopping: AtomicBool::new(false),
+            }),
+            watcher: None,
+        };
+        membership::join(&store, who.run_id)?;
+        let watcher = connect_until(&endpoint, deadline).map_err(lost)?;
+        store.watcher = Some(store.start_watcher(watcher).map_err(lost)?);
+        Ok(store)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks in the job.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// The store's `host:port`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// This end of the connection.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
     }
 
     /// The local address of this connection: an address of this host that the master can reach,
@@ -118,13 +190,52 @@ impl Store {
         self.timeout
     }
 
+    /// Calls `hook` once, from the watcher's thread, when another rank ends the job or the store
+    /// goes away (at once if that happened already). Not called after this store is dropped.
+    pub fn when_job_ends(&self, hook: impl FnOnce(CommError) + Send + 'static) {
+        *self.watch.hook.lock().unwrap() = Some(Box::new(hook));
+        if let Some(ended) = self.watch.ended.lock().unwrap().clone() {
+            if let Some(hook) = self.watch.hook.lock().unwrap().take() {
+                hook(self.ended_error(&ended, "the job"));
+            }
+        }
+    }
+
+    /// Ends the job for every rank with this rank's `error` as the reason (unless a rank gave
+    /// one already). Best effort: the store may be gone.
+    pub fn abort(&self, error: &CommError) {
+        membership::abort(self, error);
+    }
+
     /// Sets `key` to `value`, replacing any earlier value, and wakes every rank waiting for it.
     pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        let request = Request::Set {
-            key: key.into(),
-            value: value.to_vec(),
-        };
-        self.request(request, key).map(|_| ())
+        self.check_value(key, value)?;
+        let request = Encoder::command(query::SET)
+            .bytes(self.wire(key).as_bytes())
+            .bytes(value);
+        self.call(key, |c| c.confirmed(request))
+    }
+
+    /// Appends `value` to what `key` holds (or sets it).
+    pub fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.check_value(key, value)?;
+        let request = Encoder::command(query::APPEND)
+            .bytes(self.wire(key).as_bytes())
+            .bytes(value);
+        self.call(key, |c| c.confirmed(request))
+    }
+
+    /// Sets several keys in one request.
+    pub fn multi_set(&self, pairs: &[(&str, &[u8])]) -> Result<()> {
+        let mut request = Encoder::command(query::MULTI_SET);
+        request
+            .0
+            .extend_from_slice(&(pairs.len() as u64).to_ne_bytes());
+        for (key, value) in pairs {
+            self.check_value(key, value)?;
+            request = request.bytes(self.wire(key).as_bytes()).bytes(value);
+        }
+        self.call("(multi_set)", |c| c.confirmed(request))
     }
 
     /// Rank 0's `value` under `key`: rank 0 sets its own and gets it back, every other rank
@@ -140,55 +251,102 @@ impl Store {
 
     /// Waits (up to the timeout) for `key` to be set and returns its value.
     pub fn get(&self, key: &str) -> Result<Vec<u8>> {
-        let request = Request::Get {
-            key: key.into(),
-            timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
-        };
-        match self.request(request, key)? {
-            Response::Value(v) => Ok(v),
-            other => Err(self.unexpected(key, other)),
-        }
+        self.get_within(key, self.timeout)
+    }
+
+    /// [`Store::get`] with its own timeout.
+    pub fn get_within(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.wait_within(&[key], timeout)?;
+        let request = Encoder::command(query::GET).bytes(self.wire(key).as_bytes());
+        self.call(key, |c| {
+            c.send(&request.0)?;
+            c.bytes()
+        })
+    }
+
+    /// Waits (up to the timeout) for every key, then returns their values in order.
+    pub fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
+        self.wait(keys)?;
+        let wired: Vec<String> = keys.iter().map(|k| self.wire(k)).collect();
+        let request = Encoder::command(query::MULTI_GET).keys(&wired);
+        self.call(&keys.join(", "), |c| {
+            c.send(&request.0)?;
+            keys.iter().map(|_| c.bytes()).collect()
+        })
     }
 
     /// Waits (up to the timeout) until every key is set.
     pub fn wait(&self, keys: &[&str]) -> Result<()> {
-        let request = Request::Wait {
-            keys: keys.iter().map(|k| k.to_string()).collect(),
-            timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
-        };
-        self.request(request, &keys.join(", ")).map(|_| ())
+        self.wait_within(keys, self.timeout)
+    }
+
+    fn wait_within(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        let wired: Vec<String> = keys.iter().map(|k| self.wire(k)).collect();
+        let request = Encoder::command(query::WAIT).keys(&wired);
+        let what = keys.join(", ");
+        let answered = self.call(&what, |c| c.wait(&request.0, timeout))?;
+        if answered {
+            return Ok(());
+        }
+        let (detail, missing) = self.who_joined();
+        Err(CommError::Timeout {
+            what: format!("key '{what}' on rank {}", self.rank),
+            timeout,
+            detail: format!(" ({detail})"),
+            missing,
+        })
     }
 
     /// Atomically adds `delta` to the number stored at `key` (0 if unset) and returns the result.
     pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        let request = Request::Add {
-            key: key.into(),
-            delta,
-        };
-        match self.request(request, key)? {
-            Response::Number(n) => Ok(n),
-            other => Err(self.unexpected(key, other)),
-        }
+        let request = Encoder::command(query::ADD)
+            .bytes(self.wire(key).as_bytes())
+            .i64(delta);
+        self.call(key, |c| {
+            c.send(&request.0)?;
+            c.i64()
+        })
+    }
+
+    /// Sets `key` to `desired` if it holds `expected` (or is unset and `expected` is empty), and
+    /// returns what it holds afterwards (TCPStore's compare_set).
+    pub fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+        self.check_value(key, desired)?;
+        let request = Encoder::command(query::COMPARE_SET)
+            .bytes(self.wire(key).as_bytes())
+            .bytes(expected)
+            .bytes(desired);
+        self.call(key, |c| {
+            c.send(&request.0)?;
+            c.bytes()
+        })
     }
 
     /// Whether every key is set, without waiting.
     pub fn check(&self, keys: &[&str]) -> Result<bool> {
-        let request = Request::Check {
-            keys: keys.iter().map(|k| k.to_string()).collect(),
-        };
-        match self.request(request, &keys.join(", "))? {
-            Response::Bool(b) => Ok(b),
-            other => Err(self.unexpected(&keys.join(", "), other)),
-        }
+        let wired: Vec<String> = keys.iter().map(|k| self.wire(k)).collect();
+        let request = Encoder::command(query::CHECK).keys(&wired);
+        self.call(&keys.join(", "), |c| {
+            c.send(&request.0)?;
+            Ok(c.u8()? == wire::READY)
+        })
     }
 
     /// Removes `key`; returns whether it was there.
     pub fn delete(&self, key: &str) -> Result<bool> {
-        let request = Request::Delete { key: key.into() };
-        match self.request(request, key)? {
-            Response::Bool(b) => Ok(b),
-            other => Err(self.unexpected(key, other)),
-        }
+        let request = Encoder::command(query::DELETE_KEY).bytes(self.wire(key).as_bytes());
+        self.call(key, |c| {
+            c.send(&request.0)?;
+            Ok(c.i64()? > 0)
+        })
+    }
+
+    /// Keys in the whole store (every namespace).
+    pub fn num_keys(&self) -> Result<i64> {
+        self.call("(num_keys)", |c| {
+            c.send(&[query::GETNUMKEYS])?;
+            c.i64()
+        })
     }
 
     /// Returns once every rank has called `barrier` with the same name the same number of times.
@@ -203,24 +361,18 @@ impl Store {
         }
         match self.wait(&[&done]) {
             Err(CommError::Timeout { timeout, .. }) => {
-                let (mut arrived, mut missing) = (Vec::new(), Vec::new());
-                for r in 0..self.world_size {
-                    let key = format!("{base}/rank/{r}");
-                    if self.check(&[&key]).unwrap_or(false) {
-                        arrived.push(r);
-                    } else {
-                        missing.push(r);
-                    }
-                }
-                let names = |ranks: &[usize]| crate::error::rank_list(ranks.iter().copied());
+                let keys: Vec<String> = (0..self.world_size)
+                    .map(|r| format!("{base}/rank/{r}"))
+                    .collect();
+                let (arrived, missing) = self.present(&keys)?;
                 Err(CommError::Timeout {
                     what: format!("barrier '{name}' on rank {}", self.rank),
                     timeout,
                     detail: format!(
                         "; arrived: ranks {} of {}; missing: ranks {} (did they fail or start late?)",
-                        names(&arrived),
+                        rank_list(arrived),
                         self.world_size,
-                        names(&missing)
+                        rank_list(missing.iter().copied())
                     ),
                     missing,
                 })
@@ -229,183 +381,328 @@ impl Store {
         }
     }
 
-    fn request(&self, request: Request, key: &str) -> Result<Response> {
-        let waits = matches!(request, Request::Get { .. } | Request::Wait { .. });
+    /// Which of `keys` (one per rank, in rank order) are set: (ranks set, ranks not). One CHECK
+    /// per key, as CHECK answers for all its keys together.
+    fn present(&self, keys: &[String]) -> Result<(Vec<usize>, Vec<usize>)> {
+        let (mut set, mut missing) = (Vec::new(), Vec::new());
+        for (rank, key) in keys.iter().enumerate() {
+            match self.check(&[key])? {
+                true => set.push(rank),
+                false => missing.push(rank),
+            }
+        }
+        Ok((set, missing))
+    }
+
+    /// Who had joined the job, for a timeout's message: the text and the ranks that never did.
+    fn who_joined(&self) -> (String, Vec<usize>) {
+        let keys: Vec<String> = (0..self.world_size).map(membership::rank_key).collect();
+        match self.present(&keys) {
+            Ok((joined, missing)) => (
+                format!(
+                    "ranks connected to the store: {} of {}; never connected: {}",
+                    rank_list(joined),
+                    self.world_size,
+                    rank_list(missing.iter().copied())
+                ),
+                missing,
+            ),
+            Err(_) => ("the store did not say who had connected".into(), Vec::new()),
+        }
+    }
+
+    fn wire(&self, key: &str) -> String {
+        wire_key(&self.namespace, key)
+    }
+
+    fn check_value(&self, key: &str, value: &[u8]) -> Result<()> {
+        if value.len() > MAX_VALUE_BYTES || self.wire(key).len() > wire::MAX_KEY_BYTES {
+            let (what, max) = match value.len() > MAX_VALUE_BYTES {
+                true => ("value bytes", MAX_VALUE_BYTES),
+                false => ("key bytes", wire::MAX_KEY_BYTES),
+            };
+            return Err(CommError::StoreLimit {
+                rank: self.rank,
+                endpoint: self.endpoint.clone(),
+                key: key.to_string(),
+                what: what.into(),
+                max: max as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs one exchange on the connection, turning its failure into the error a user reads:
+    /// the job's end if the watcher heard of one, else a timeout or a lost store.
+    fn call<T>(
+        &self,
+        key: &str,
+        exchange: impl FnOnce(&mut Conn) -> std::io::Result<T>,
+    ) -> Result<T> {
+        if let Some(ended) = self.watch.ended.lock().unwrap().clone() {
+            return Err(self.ended_error(&ended, key));
+        }
         let mut conn = self.conn.lock().unwrap();
-        // A waiting request gets a little longer than its own timeout, so the server's answer,
-        // which says who had arrived, normally wins; a silent server still cannot hang us.
-        let read_timeout = if waits {
-            self.timeout.saturating_add(Duration::from_secs(5))
-        } else {
-            self.timeout.max(Duration::from_secs(5))
-        };
-        let lost = |source| CommError::StoreLost {
-            rank: self.rank,
-            endpoint: self.endpoint.clone(),
+        let read_timeout = self.timeout.max(Duration::from_secs(5));
+        conn.stream
+            .set_read_timeout(Some(read_timeout))
+            .and_then(|()| exchange(&mut conn))
+            .map_err(|e| {
+                if let Some(ended) = self.watch.ended.lock().unwrap().clone() {
+                    return self.ended_error(&ended, key);
+                }
+                match e.kind() {
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut => CommError::Timeout {
+                        what: format!("the store at {} to answer '{key}'", self.endpoint),
+                        timeout: read_timeout,
+                        detail: String::new(),
+                        missing: Vec::new(),
+                    },
+                    _ => CommError::StoreLost {
+                        rank: self.rank,
+                        endpoint: self.endpoint.clone(),
+                        key: key.to_string(),
+                        source: e,
+                    },
+                }
+            })
+    }
+
+    fn ended_error(&self, ended: &Ended, key: &str) -> CommError {
+        ended_error(self.rank, &self.endpoint, ended, key)
+    }
+
+    /// Starts the watcher on its own connection: a WAIT for the abort key that only the job's end
+    /// or the store's loss answers.
+    fn start_watcher(
+        &self,
+        mut conn: Conn,
+    ) -> std::io::Result<(TcpStream, std::thread::JoinHandle<()>)> {
+        let abort_key = self.wire(membership::ABORT_KEY);
+        let watch = self.watch.clone();
+        let (rank, endpoint) = (self.rank, self.endpoint.clone());
+        let interrupt = self.interrupt.try_clone()?;
+        let handle = conn.stream.try_clone()?;
+        let thread = std::thread::Builder::new()
+            .name("store-watcher".into())
+            .spawn(move || {
+                let ended = match watch_for_abort(&mut conn, &abort_key) {
+                    Ok(value) => Ended::Aborted(value),
+                    Err(_) if watch.stopping.load(Ordering::SeqCst) => return,
+                    Err(e) => Ended::Lost(
+                        e.kind(),
+                        format!(
+                            "the store closed the connection ({e}), noticed by this rank's watcher"
+                        ),
+                    ),
+                };
+                *watch.ended.lock().unwrap() = Some(ended.clone());
+                // A request blocked on the store ends now, with the reason above.
+                let _ = interrupt.shutdown(Shutdown::Both);
+                if let Some(hook) = watch.hook.lock().unwrap().take() {
+                    hook(ended_error(rank, &endpoint, &ended, "the job"));
+                }
+            })?;
+        Ok((handle, thread))
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.watch.stopping.store(true, Ordering::SeqCst);
+        if let Some((stream, thread)) = self.watcher.take() {
+            let _ = stream.shutdown(Shutdown::Both);
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The error rank `rank` fails with once the job `ended`, for its request about `key`.
+fn ended_error(rank: usize, endpoint: &str, ended: &Ended, key: &str) -> CommError {
+    match ended {
+        Ended::Aborted(value) => membership::reason(rank, value),
+        Ended::Lost(kind, text) => CommError::StoreLost {
+            rank,
+            endpoint: endpoint.to_string(),
             key: key.to_string(),
-            source,
-        };
-        let frame = request.encode();
-        if frame.len() > MAX_FRAME {
-            return Err(self.who().refused(
-                Refusal::Limit {
-                    what: "frame bytes".into(),
-                    max: MAX_FRAME as u64,
-                },
-                key,
+            source: std::io::Error::new(*kind, text.clone()),
+        },
+    }
+}
+
+/// The watcher's one request: WAIT for the abort key, then GET it.
+fn watch_for_abort(conn: &mut Conn, abort_key: &str) -> std::io::Result<Vec<u8>> {
+    conn.stream.set_read_timeout(None)?;
+    conn.send(&Encoder::command(query::WAIT).keys(&[abort_key]).0)?;
+    if conn.u8()? != wire::STOP_WAITING {
+        return Err(std::io::Error::new(
+            ErrorKind::InvalidData,
+            "a WAIT answered oddly",
+        ));
+    }
+    conn.stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    conn.send(&Encoder::command(query::GET).bytes(abort_key.as_bytes()).0)?;
+    conn.bytes()
+}
+
+/// One TCPStore connection.
+struct Conn {
+    stream: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Conn {
+    /// Connects within `left`, validates and pings (the ping proves a TCPStore answers).
+    fn open(endpoint: &str, left: Duration) -> std::io::Result<Conn> {
+        let left = left.clamp(Duration::from_millis(50), Duration::from_secs(5));
+        let addr = endpoint.to_socket_addrs()?.next().ok_or_else(|| {
+            std::io::Error::new(ErrorKind::NotFound, format!("{endpoint} has no address"))
+        })?;
+        // EMFILE/ENFILE here (no descriptor for the socket) is as passing as a refused connection.
+        let stream = TcpStream::connect_timeout(&addr, left)?;
+        // A socket the kernel connected to itself (no listener yet) is not the store.
+        if stream.local_addr()? == stream.peer_addr()? {
+            return Err(std::io::Error::new(
+                ErrorKind::ConnectionRefused,
+                "no store listening yet",
             ));
         }
-        conn.0
-            .get_ref()
-            .set_read_timeout(Some(read_timeout))
-            .map_err(lost)?;
-        write_frame(&mut conn.1, &frame).map_err(lost)?;
-        let payload = read_frame(&mut conn.0).map_err(|e| {
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ) {
-                CommError::Timeout {
-                    what: format!("the store at {} to answer '{key}'", self.endpoint),
-                    timeout: read_timeout,
-                    detail: String::new(),
-                    missing: Vec::new(),
-                }
-            } else {
-                lost(e)
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(left))?;
+        let reader = BufReader::new(stream.try_clone()?);
+        let mut conn = Conn { stream, reader };
+        let nonce = std::process::id();
+        let hello = Encoder::command(query::VALIDATE)
+            .u32(wire::VALIDATION_MAGIC)
+            .u8(query::PING)
+            .u32(nonce);
+        conn.send(&hello.0)?;
+        match conn.u32() {
+            Ok(echo) if echo == nonce => Ok(conn),
+            Ok(_) => Err(std::io::Error::new(
+                ErrorKind::InvalidData,
+                "what answers there is not a TCPStore (its ping came back wrong)",
+            )),
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err(std::io::Error::new(
+                ErrorKind::ConnectionAborted,
+                "the store closed the connection at once (it closes connections over its bound \
+                 of open connections, and says so in rank 0's output)",
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(bytes)
+    }
+
+    /// Sends a request TCPStore does not answer, then a PING, so that the request is known done
+    /// (or refused: the server closes the connection) when this returns.
+    fn confirmed(&mut self, request: Encoder) -> std::io::Result<()> {
+        let nonce = std::process::id();
+        let mut bytes = request.0;
+        bytes.extend_from_slice(&Encoder::command(query::PING).u32(nonce).0);
+        self.send(&bytes)?;
+        match self.u32() {
+            Ok(n) if n == nonce => Ok(()),
+            Ok(_) => Err(std::io::Error::new(
+                ErrorKind::InvalidData,
+                "the store's ping came back wrong",
+            )),
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err(std::io::Error::new(
+                ErrorKind::ConnectionAborted,
+                "the store closed the connection after this request (over one of its bounds? \
+                 rank 0's output says which)",
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// WAIT: true once the keys are set, false after `timeout` (the wait is then cancelled).
+    fn wait(&mut self, request: &[u8], timeout: Duration) -> std::io::Result<bool> {
+        self.send(request)?;
+        self.stream
+            .set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
+        match self.u8() {
+            Ok(wire::STOP_WAITING) => return Ok(true),
+            Ok(_) => {
+                return Err(std::io::Error::new(
+                    ErrorKind::InvalidData,
+                    "a WAIT answered oddly",
+                ))
             }
-        })?;
-        match Response::decode(&payload).map_err(lost)? {
-            Response::Timeout { detail, missing } => Err(CommError::Timeout {
-                what: format!("key '{key}' on rank {}", self.rank),
-                timeout: self.timeout,
-                detail: format!(" ({detail})"),
-                missing: missing.into_iter().map(|r| r as usize).collect(),
-            }),
-            Response::Refused(refusal) => Err(self.who().refused(refusal, key)),
-            response => Ok(response),
+            Err(e) if !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(e)
+            }
+            Err(_) => {}
         }
-    }
-
-    fn who(&self) -> Who<'_> {
-        Who {
-            rank: self.rank,
-            endpoint: &self.endpoint,
-            run_id: self.run_id.as_deref(),
+        // Withdraw the wait; the answer to it may have crossed our cancel, so skip it.
+        self.stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        self.send(&[query::CANCEL_WAIT])?;
+        let mut answer = self.u8()?;
+        if answer == wire::STOP_WAITING {
+            answer = self.u8()?;
         }
-    }
-
-    fn unexpected(&self, key: &str, response: Response) -> CommError {
-        CommError::Peer(format!(
-            "the store at {} answered '{key}' with {response:?}",
-            self.endpoint
-        ))
-    }
-}
-
-type Conn = (BufReader<TcpStream>, BufWriter<TcpStream>);
-
-/// Why one connection attempt did not give a connection.
-enum Attempt {
-    /// The store answered the hello with a refusal.
-    Refused(Refusal),
-    /// No store (yet), or the connection broke: worth another try.
-    Failed(std::io::Error),
-}
-
-/// One try: connect within what is `left` of the deadline (5 s at most), say hello, read the
-/// answer.
-fn attempt(
-    endpoint: &str,
-    hello: &Request,
-    left: Duration,
-) -> std::result::Result<(BufReader<TcpStream>, BufWriter<TcpStream>, SocketAddr), Attempt> {
-    let left = left.clamp(Duration::from_millis(50), Duration::from_secs(5));
-    let addr = endpoint
-        .to_socket_addrs()
-        .and_then(|mut addrs| {
-            addrs
-                .next()
-                .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))
-        })
-        .map_err(Attempt::Failed)?;
-    // EMFILE/ENFILE here (no descriptor for the socket) is as passing as a refused connection.
-    let stream = TcpStream::connect_timeout(&addr, left).map_err(Attempt::Failed)?;
-    // A socket the kernel connected to itself (no listener yet) is not the store.
-    if let (Ok(a), Ok(b)) = (stream.local_addr(), stream.peer_addr()) {
-        if a == b {
-            return Err(Attempt::Failed(std::io::Error::new(
-                std::io::ErrorKind::ConnectionRefused,
-                "no store listening yet",
-            )));
-        }
-    }
-    let _ = stream.set_nodelay(true);
-    let local_addr = stream.local_addr().map_err(Attempt::Failed)?;
-    let write_half = stream.try_clone().map_err(Attempt::Failed)?;
-    let (mut reader, mut writer): Conn = (BufReader::new(stream), BufWriter::new(write_half));
-    reader
-        .get_ref()
-        .set_read_timeout(Some(left))
-        .map_err(Attempt::Failed)?;
-    write_frame(&mut writer, &hello.encode()).map_err(Attempt::Failed)?;
-    let payload = read_frame(&mut reader).map_err(Attempt::Failed)?;
-    match Response::decode(&payload).map_err(Attempt::Failed)? {
-        Response::Ok => Ok((reader, writer, local_addr)),
-        Response::Refused(refusal) => Err(Attempt::Refused(refusal)),
-        other => Err(Attempt::Failed(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("the store answered the hello with {other:?}"),
-        ))),
-    }
-}
-
-/// Who is asking, for the errors a refusal becomes.
-struct Who<'a> {
-    rank: usize,
-    endpoint: &'a str,
-    run_id: Option<&'a str>,
-}
-
-impl Who<'_> {
-    /// The error a refusal of the request for `key` becomes.
-    fn refused(&self, refusal: Refusal, key: &str) -> CommError {
-        let endpoint = self.endpoint.to_string();
-        match refusal {
-            Refusal::ForeignRun { store_run_id } => CommError::ForeignRank {
-                rank: self.rank,
-                run_id: self.run_id.unwrap_or("(none)").to_string(),
-                endpoint,
-                store_run_id,
-            },
-            Refusal::DuplicateRank { first_from } => CommError::DuplicateRank {
-                rank: self.rank,
-                endpoint,
-                first_from,
-            },
-            Refusal::WorldSizeMismatch {
-                store_world_size,
-                rank,
-                rank_world_size,
-            } => CommError::WorldSizeMismatch {
-                rank: self.rank,
-                endpoint,
-                store_world_size: store_world_size as usize,
-                other_rank: rank as usize,
-                other_world_size: rank_world_size as usize,
-            },
-            Refusal::Limit { what, max } => CommError::StoreLimit {
-                rank: self.rank,
-                endpoint,
-                key: key.to_string(),
-                what,
-                max,
-            },
-            Refusal::Other(why) => CommError::Peer(format!(
-                "the rendezvous store at {endpoint} refused '{key}' from rank {}: {why}",
-                self.rank
+        match answer {
+            wire::WAIT_CANCELED => Ok(false),
+            _ => Err(std::io::Error::new(
+                ErrorKind::InvalidData,
+                "CANCEL_WAIT answered oddly",
             )),
         }
+    }
+
+    fn exact<const N: usize>(&mut self) -> std::io::Result<[u8; N]> {
+        let mut buf = [0u8; N];
+        self.reader.read_exact(&mut buf)?;
+        Ok(buf)
+    }
+    fn u8(&mut self) -> std::io::Result<u8> {
+        Ok(self.exact::<1>()?[0])
+    }
+    fn u32(&mut self) -> std::io::Result<u32> {
+        Ok(u32::from_ne_bytes(self.exact()?))
+    }
+    fn i64(&mut self) -> std::io::Result<i64> {
+        Ok(i64::from_ne_bytes(self.exact()?))
+    }
+    /// A value: its length is checked before anything is allocated, and the buffer grows only
+    /// as bytes arrive.
+    fn bytes(&mut self) -> std::io::Result<Vec<u8>> {
+        let len = u64::from_ne_bytes(self.exact()?);
+        if len > MAX_VALUE_BYTES as u64 {
+            return Err(std::io::Error::new(
+                ErrorKind::InvalidData,
+                format!("the store sent a value of {len} bytes, over {MAX_VALUE_BYTES}"),
+            ));
+        }
+        let mut value = Vec::with_capacity((len as usize).min(64 << 10));
+        (&mut self.reader).take(len).read_to_end(&mut value)?;
+        if value.len() as u64 != len {
+            return Err(ErrorKind::UnexpectedEof.into());
+        }
+        Ok(value)
+    }
+}
+
+/// Connects, validates and pings, retrying with a growing pause until `deadline`.
+fn connect_until(endpoint: &str, deadline: Instant) -> std::io::Result<Conn> {
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match Conn::open(endpoint, left) {
+            Ok(conn) => return Ok(conn),
+            Err(e)
+                if Instant::now()
+                    .checked_add(pause)
+                    .is_none_or(|t| t >= deadline) =>
+            {
+                return Err(e)
+            }
+            Err(_) => {}
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(500));
     }
 }
 

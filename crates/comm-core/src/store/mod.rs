@@ -4,20 +4,22 @@
 //!
 //! Every wait has a timeout whose error names the key and which ranks had reached the store.
 //!
-//! Each connection begins with a hello naming the job (run id, world size) and the rank; the
-//! server refuses ranks of another run, duplicate ranks and disagreeing world sizes at once, and
-//! bounds what any connection can make it hold (see [`StoreLimits`] and `server.rs`). That guards
-//! against accidents on a shared node, not against attackers: the store trusts its network.
+//! It speaks c10d's TCPStore protocol (`wire.rs`): our ranks join torchrun's agent store as they
+//! join rank 0's, and Python's `torch.distributed.TCPStore` reads and writes ours. On top of the
+//! protocol's commands, each rank joining checks that it belongs to the job (run id, world size,
+//! one process per rank: `membership.rs`), and a watcher per rank hears at once when another rank
+//! ends the job or the store goes away (`client.rs`). Our server bounds what any connection can
+//! make it hold (see [`StoreLimits`] and `server.rs`). That guards against accidents on a shared
+//! node, not against attackers: the store trusts its network, as PyTorch's does.
 
 mod client;
-mod frame;
+mod membership;
 mod server;
+mod wire;
 
-pub use client::Store;
+pub use client::{wire_key, Membership, Store};
 pub use server::{StoreLimits, StoreServer};
-
-/// Largest frame either side accepts; anything bigger is a broken or hostile peer.
-pub const MAX_FRAME: usize = 16 << 20;
+pub use wire::MAX_VALUE_BYTES;
 
 #[cfg(test)]
 mod fuzz;

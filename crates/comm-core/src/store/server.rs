@@ -1,109 +1,93 @@
-//! The store's server side: rank 0 binds MASTER_PORT and answers every rank's requests, one thread
-//! per connection. A connection that sends a malformed or oversized frame is closed; the server and
-//! the other connections go on.
+//! The store's server side: rank 0 binds MASTER_PORT and answers every rank's requests in c10d's
+//! TCPStore protocol (see `wire.rs`), from one thread that polls every connection, as PyTorch's
+//! libuv server does. A WAIT is a registration, not a blocked thread: the answer goes out when
+//! the last of its keys is set, and CANCEL_WAIT on the same connection withdraws it.
 //!
-//! A shared node is full of other jobs using the same default ports, so the server checks who
-//! talks to it and bounds what anyone can make it hold:
+//! A shared node is full of other jobs using the same default ports, so the server bounds what
+//! anyone can make it hold, and drops what does not speak the protocol:
 //!
-//! - Every connection's first frame must be a hello naming run id, world size and rank. A hello
-//!   from another run is refused (when both sides have a run id: ranks started by hand have none,
-//!   and then nothing is compared), so is a rank whose earlier connection is still open. A world
-//!   size other than rank 0's is refused, and from then on every wait of the job is answered with
-//!   that disagreement instead of running into its timeout.
-//! - A connection that has not said hello within [`StoreLimits::hello_timeout`] is dropped; it
-//!   holds only its own thread, never the accept loop or other connections.
-//! - Open connections, keys, value size and stored bytes are bounded ([`StoreLimits`]); a request
-//!   over a bound is answered with a refusal naming it, and changes nothing.
-//! - Out of file descriptors, the accept loop backs off (up to 100 ms) instead of spinning.
+//! - A connection must VALIDATE with TCPStore's magic number first, within
+//!   [`StoreLimits::hello_timeout`]; anything else, or silence, closes it.
+//! - Open connections, keys, value size and stored bytes are bounded ([`StoreLimits`]). A request
+//!   over a bound changes nothing and closes its connection (TCPStore has no error answer; its own
+//!   server closes connections likewise), and the server says which bound on stderr.
+//! - Out of file descriptors, it stops accepting for a while (up to 100 ms) instead of spinning.
 //!
-//! None of this is security: the store trusts its network, as PyTorch's TCPStore does. Run ids
-//! guard against accidents (a neighbour's job on the same port), not against attackers.
+//! Who belongs to the job (run id, world size, one process per rank) is checked on top of the
+//! protocol's own commands, by every rank as it joins (`membership.rs`); the server only seeds
+//! the job's run id and world size. None of this is security: the store trusts its network, as
+//! PyTorch's TCPStore does.
 
-use std::collections::{BTreeSet, HashMap};
-use std::io::{BufReader, BufWriter, Read};
-use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::frame::{
-    read_frame, read_frame_within, write_frame, FrameTooLarge, Refusal, Request, Response,
-};
-use super::MAX_FRAME;
-use crate::error::{rank_list, CommError, Result};
+use super::membership;
+use super::wire::{self, Command, Encoder, Malformed, MAX_VALUE_BYTES};
+use crate::error::{CommError, Result};
 
-/// A hello is a few dozen bytes; before it, nobody may send more than this.
-const MAX_HELLO_FRAME: usize = 4 << 10;
 /// Bookkeeping a stored entry costs beyond its key and value, counted against the byte bound.
 const ENTRY_OVERHEAD: usize = 64;
-/// Connections over the bound still get their refusal from a short-lived thread, up to this many
-/// at once; beyond that they are closed without a word.
-const MAX_REFUSING: usize = 64;
-/// The longest the accept loop sleeps after a failed accept (out of file descriptors).
+/// The longest the server stops accepting after a failed accept (out of file descriptors).
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// A connection whose unsent answers reach this is not read until they drain.
+const OUTPUT_BACKLOG: usize = 256 << 10;
+/// At most this many lines a second about refused requests, however many a stranger sends.
+const LOG_LINES_PER_SECOND: u32 = 10;
 
 /// The store's bounds. The project's own use stays far below the defaults: an NCCL Id is 128 B, a
 /// peer address a few dozen, a grid row small, a barrier a few keys per rank.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreLimits {
-    /// Open connections at once, hello or not (each rank holds one).
+    /// Open connections at once, validated or not (each rank holds two).
     pub max_connections: usize,
     /// Keys stored at once.
     pub max_keys: usize,
-    /// Bytes of one value (at most [`MAX_FRAME`], which bounds any frame).
+    /// Bytes of one value (at most [`MAX_VALUE_BYTES`], PyTorch's own bound).
     pub max_value_bytes: usize,
     /// Bytes of all keys and values together (plus a small per-entry overhead).
     pub max_stored_bytes: usize,
-    /// How long a new connection may take to say hello before it is dropped.
+    /// How long a new connection may take to VALIDATE before it is dropped.
     pub hello_timeout: Duration,
 }
 
 impl StoreLimits {
     /// The defaults for a job of `world_size` ranks: 4 connections per rank + 32, 100,000 keys +
-    /// 64 per rank, values up to [`MAX_FRAME`] (16 MiB), 256 MiB in all, 2 s to say hello.
+    /// 64 per rank, values up to [`MAX_VALUE_BYTES`] (8 MiB), 256 MiB in all, 2 s to validate.
     pub fn for_world(world_size: usize) -> StoreLimits {
         StoreLimits {
             max_connections: world_size.saturating_mul(4).saturating_add(32),
             max_keys: world_size.saturating_mul(64).saturating_add(100_000),
-            max_value_bytes: MAX_FRAME,
+            max_value_bytes: MAX_VALUE_BYTES,
             max_stored_bytes: 256 << 20,
             hello_timeout: Duration::from_secs(2),
         }
     }
 }
 
+/// What other threads may ask of the running server.
 #[derive(Default)]
-struct State {
-    values: HashMap<String, Vec<u8>>,
-    /// Bytes of keys and values (plus overhead) held in `values`.
+struct Stats {
+    open_connections: usize,
     stored_bytes: usize,
-    /// Ranks that said hello, for timeout messages.
-    ranks_seen: BTreeSet<u32>,
-    /// Ranks whose connection is open: the connection's number and where it came from.
-    connected: HashMap<u32, (u64, SocketAddr)>,
-    /// The first hello that disagreed on the world size: (rank, its world size).
-    mismatch: Option<(u32, u32)>,
 }
 
 struct Shared {
-    state: Mutex<State>,
+    stats: Mutex<Stats>,
     changed: Condvar,
-    world_size: usize,
-    run_id: Option<String>,
-    limits: StoreLimits,
-    stopping: AtomicBool,
-    /// Open client connections; rank 0 waits for them to close before it exits.
-    connections: Mutex<usize>,
-    left: Condvar,
-    /// Threads answering connections over the bound.
-    refusing: AtomicUsize,
-    next_connection: AtomicU64,
 }
 
-/// A running store server; dropping it stops accepting new connections.
+/// A running store server; dropping it stops it and closes every connection.
 pub struct StoreServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
+    /// Writing to it wakes the server's poll, which then sees `stop`.
+    wake: UnixStream,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// The address to listen on for a job whose ranks reach rank 0 at `master_addr`: that address
@@ -129,22 +113,18 @@ impl StoreServer {
 
     /// Serves the store of a job of `world_size` ranks whose ranks connect to `master_addr:port`
     /// (0 picks a free port): on 127.0.0.1 when `master_addr` is a loopback address (or
-    /// `localhost`), on every interface otherwise. `run_id` (see
-    /// [`crate::topology::Topology::run_id`]) lets it refuse ranks of another job at once; `None`
-    /// (ranks started by hand) compares nothing. Bounds are [`StoreLimits::for_world`].
+    /// `localhost`), on every interface otherwise. The job's `run_id` (see
+    /// [`crate::topology::Topology::run_id`]) and world size are stored before anyone connects,
+    /// so a rank of another run, or one that disagrees on the size, is refused as it joins.
+    /// Bounds are [`StoreLimits::for_world`].
     pub fn bind_job(
         master_addr: &str,
         port: u16,
         world_size: usize,
         run_id: Option<&str>,
     ) -> Result<StoreServer> {
-        Self::bind_with(
-            master_addr,
-            port,
-            world_size,
-            run_id,
-            StoreLimits::for_world(world_size),
-        )
+        let limits = StoreLimits::for_world(world_size);
+        Self::bind_with(master_addr, port, world_size, run_id, limits)
     }
 
     /// [`StoreServer::bind_job`] with other bounds (tests use small ones).
@@ -157,7 +137,7 @@ impl StoreServer {
     ) -> Result<StoreServer> {
         let ip = listen_ip(master_addr);
         let listener = TcpListener::bind((ip, port)).map_err(|e| {
-            let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+            let hint = if e.kind() == ErrorKind::AddrInUse {
                 format!(
                     "; another job or a leftover process holds port {port}: pick another with --master-port or MASTER_PORT"
                 )
@@ -175,26 +155,49 @@ impl StoreServer {
         let addr = listener
             .local_addr()
             .map_err(|e| CommError::io("store listener address", e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| CommError::io("store listener", e))?;
+        let (wake, woken) =
+            UnixStream::pair().map_err(|e| CommError::io("store server wake-up pipe", e))?;
+        woken
+            .set_nonblocking(true)
+            .map_err(|e| CommError::io("store server wake-up pipe", e))?;
         let mut limits = limits;
-        limits.max_value_bytes = limits.max_value_bytes.min(MAX_FRAME);
+        limits.max_value_bytes = limits.max_value_bytes.min(MAX_VALUE_BYTES);
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::default()),
+            stats: Mutex::new(Stats::default()),
             changed: Condvar::new(),
-            world_size,
-            run_id: run_id.map(str::to_string),
-            limits,
-            stopping: AtomicBool::new(false),
-            connections: Mutex::new(0),
-            left: Condvar::new(),
-            refusing: AtomicUsize::new(0),
-            next_connection: AtomicU64::new(0),
         });
-        let accept_shared = shared.clone();
-        std::thread::Builder::new()
-            .name("store-accept".into())
-            .spawn(move || accept_loop(listener, accept_shared))
+        let mut server = Server {
+            listener,
+            woken,
+            addr,
+            limits,
+            shared: shared.clone(),
+            values: HashMap::new(),
+            stored_bytes: 0,
+            connections: HashMap::new(),
+            next_id: 0,
+            waiters: HashMap::new(),
+            accept_paused_until: None,
+            accept_backoff: Duration::ZERO,
+            log: LogBudget::default(),
+        };
+        for (key, value) in membership::seed(world_size, run_id) {
+            // A fresh store is far below every bound.
+            let _ = server.store(key, value);
+        }
+        let thread = std::thread::Builder::new()
+            .name("store-server".into())
+            .spawn(move || server.run())
             .map_err(|e| CommError::io("starting the store server thread", e))?;
-        Ok(StoreServer { addr, shared })
+        Ok(StoreServer {
+            addr,
+            shared,
+            wake,
+            thread: Some(thread),
+        })
     }
 
     /// The port it listens on (useful when bound to port 0).
@@ -210,412 +213,503 @@ impl StoreServer {
     /// Bytes held in keys and values (with a small per-entry overhead): what
     /// [`StoreLimits::max_stored_bytes`] bounds.
     pub fn stored_bytes(&self) -> usize {
-        self.shared.state.lock().unwrap().stored_bytes
+        self.shared.stats.lock().unwrap().stored_bytes
     }
 
     /// Waits until every client has disconnected, so rank 0 does not take the store away while
     /// another rank still waits for an answer. Returns false if some were still connected at the
     /// timeout.
     pub fn wait_until_idle(&self, timeout: Duration) -> bool {
-        let open = self.shared.connections.lock().unwrap();
-        let (open, _) = self
+        let stats = self.shared.stats.lock().unwrap();
+        let (stats, _) = self
             .shared
-            .left
-            .wait_timeout_while(open, timeout, |n| *n > 0)
+            .changed
+            .wait_timeout_while(stats, timeout, |s| s.open_connections > 0)
             .unwrap();
-        *open == 0
+        stats.open_connections == 0
     }
 }
 
 impl Drop for StoreServer {
     fn drop(&mut self) {
-        self.shared.stopping.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect_timeout(
-            &SocketAddr::from((Ipv4Addr::LOCALHOST, self.addr.port())),
-            Duration::from_millis(200),
-        );
+        // The server thread ends when the other end of its wake-up pipe closes or writes.
+        let _ = (&self.wake).write_all(b"x");
+        let _ = self.wake.shutdown(std::net::Shutdown::Both);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let mut backoff = Duration::ZERO;
-    loop {
-        let accepted = listener.accept();
-        if shared.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        let stream = match accepted {
-            Ok((stream, _)) => {
-                backoff = Duration::ZERO;
-                stream
+/// One client connection.
+struct Connection {
+    stream: TcpStream,
+    peer: SocketAddr,
+    /// Bytes received and not yet decoded.
+    input: Vec<u8>,
+    /// Answers not yet sent.
+    output: Vec<u8>,
+    /// Until it validates: when it is dropped for silence.
+    hello_deadline: Option<Instant>,
+    /// Keys of its pending WAIT not yet set.
+    awaited: usize,
+}
+
+/// Why the server closes a connection.
+enum Close {
+    /// It went away, or its socket failed.
+    Gone,
+    /// It broke the protocol or a bound: said on stderr.
+    Refused(String),
+}
+
+/// Rate-limits the server's lines about refused requests.
+#[derive(Default)]
+struct LogBudget {
+    second: Option<Instant>,
+    lines: u32,
+}
+
+/// The server's state, owned by its one thread.
+struct Server {
+    listener: TcpListener,
+    woken: UnixStream,
+    addr: SocketAddr,
+    limits: StoreLimits,
+    shared: Arc<Shared>,
+    values: HashMap<String, Vec<u8>>,
+    /// Bytes of keys and values (plus overhead) held in `values`.
+    stored_bytes: usize,
+    connections: HashMap<u64, Connection>,
+    next_id: u64,
+    /// Key → connections whose WAIT includes it.
+    waiters: HashMap<String, Vec<u64>>,
+    accept_paused_until: Option<Instant>,
+    accept_backoff: Duration,
+    log: LogBudget,
+}
+
+impl Server {
+    fn run(&mut self) {
+        loop {
+            let ids: Vec<u64> = self.connections.keys().copied().collect();
+            let mut fds = vec![
+                poll_fd(self.woken.as_raw_fd(), libc::POLLIN),
+                poll_fd(self.listener.as_raw_fd(), self.accept_events()),
+            ];
+            fds.extend(ids.iter().map(|id| {
+                let conn = &self.connections[id];
+                let mut events = 0;
+                if conn.output.len() < OUTPUT_BACKLOG {
+                    events |= libc::POLLIN;
+                }
+                if !conn.output.is_empty() {
+                    events |= libc::POLLOUT;
+                }
+                poll_fd(conn.stream.as_raw_fd(), events)
+            }));
+            let timeout = self.poll_timeout();
+            // SAFETY: `fds` is a live, exclusively borrowed array of `fds.len()` pollfds.
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+            if ready < 0 && std::io::Error::last_os_error().kind() != ErrorKind::Interrupted {
+                return;
             }
-            Err(_) => {
-                // EMFILE/ENFILE (out of file descriptors) leaves the connection queued, so an
-                // immediate retry fails again: sleep, longer each time, until one succeeds.
-                backoff = (backoff * 2)
-                    .max(Duration::from_millis(1))
-                    .min(MAX_ACCEPT_BACKOFF);
-                std::thread::sleep(backoff);
+            if fds[0].revents != 0 {
+                return; // StoreServer was dropped.
+            }
+            if fds[1].revents != 0 {
+                self.accept();
+            }
+            for (id, fd) in ids.iter().zip(&fds[2..]) {
+                if fd.revents != 0 {
+                    if let Err(close) = self.service(*id, fd.revents) {
+                        self.close(*id, close);
+                    }
+                }
+            }
+            self.drop_silent();
+            self.publish_stats();
+        }
+    }
+
+    /// Whether to poll the listener: not while backing off from a failed accept.
+    fn accept_events(&mut self) -> libc::c_short {
+        match self.accept_paused_until {
+            Some(until) if Instant::now() < until => 0,
+            _ => {
+                self.accept_paused_until = None;
+                libc::POLLIN
+            }
+        }
+    }
+
+    /// Milliseconds until the next deadline (a silent connection, the end of a back-off).
+    fn poll_timeout(&self) -> libc::c_int {
+        let next = self
+            .connections
+            .values()
+            .filter_map(|c| c.hello_deadline)
+            .chain(self.accept_paused_until)
+            .min();
+        match next {
+            None => -1,
+            Some(at) => at
+                .saturating_duration_since(Instant::now())
+                .as_millis()
+                .clamp(1, 60_000) as libc::c_int,
+        }
+    }
+
+    fn accept(&mut self) {
+        loop {
+            let (stream, peer) = match self.listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    // EMFILE/ENFILE (out of file descriptors) leaves the connection queued, so
+                    // an immediate retry fails again: stop polling the listener for a while.
+                    self.accept_backoff = (self.accept_backoff * 2)
+                        .max(Duration::from_millis(1))
+                        .min(MAX_ACCEPT_BACKOFF);
+                    self.accept_paused_until = Some(Instant::now() + self.accept_backoff);
+                    return;
+                }
+            };
+            self.accept_backoff = Duration::ZERO;
+            if self.connections.len() >= self.limits.max_connections {
+                let max = self.limits.max_connections;
+                self.say(format_args!(
+                    "closed a connection from {peer}: over the bound of {max} open connections"
+                ));
                 continue;
             }
-        };
-        let open = {
-            let mut open = shared.connections.lock().unwrap();
-            if *open < shared.limits.max_connections {
-                *open += 1;
-                true
-            } else {
-                false
+            if stream.set_nonblocking(true).is_err() {
+                continue;
             }
-        };
-        if !open {
-            refuse_connection(stream, &shared);
-            continue;
-        }
-        let conn_shared = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name("store-conn".into())
-            .spawn(move || {
-                serve(stream, &conn_shared);
-                *conn_shared.connections.lock().unwrap() -= 1;
-                conn_shared.left.notify_all();
-            });
-        if spawned.is_err() {
-            // No thread to be had (the stream went down with the closure): count it closed and
-            // give the system a moment.
-            *shared.connections.lock().unwrap() -= 1;
-            shared.left.notify_all();
-            std::thread::sleep(Duration::from_millis(10));
+            let _ = stream.set_nodelay(true);
+            let id = self.next_id;
+            self.next_id += 1;
+            self.connections.insert(
+                id,
+                Connection {
+                    stream,
+                    peer,
+                    input: Vec::new(),
+                    output: Vec::new(),
+                    hello_deadline: Some(Instant::now() + self.limits.hello_timeout),
+                    awaited: 0,
+                },
+            );
         }
     }
-}
 
-/// A connection over the bound: answer that, from a short-lived thread (so the refusal arrives
-/// before the close, not a reset), or close it at once if too many are being refused already.
-fn refuse_connection(stream: TcpStream, shared: &Arc<Shared>) {
-    if shared.refusing.fetch_add(1, Ordering::SeqCst) >= MAX_REFUSING {
-        shared.refusing.fetch_sub(1, Ordering::SeqCst);
-        return;
+    /// Reads, answers and writes what one connection's poll result allows.
+    fn service(&mut self, id: u64, revents: libc::c_short) -> std::result::Result<(), Close> {
+        if revents & libc::POLLIN != 0 || revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+            self.receive(id)?;
+            self.answer_all(id)?;
+        }
+        self.flush(id)
     }
-    let refusal = Response::Refused(Refusal::Limit {
-        what: "open connections".into(),
-        max: shared.limits.max_connections as u64,
-    });
-    let timeout = shared.limits.hello_timeout;
-    let inner = shared.clone();
-    let spawned = std::thread::Builder::new()
-        .name("store-refuse".into())
-        .spawn(move || {
-            let _ = stream.set_write_timeout(Some(timeout));
-            let _ = write_frame(&mut &stream, &refusal.encode());
-            let _ = stream.shutdown(Shutdown::Write);
-            // Read what the client sent (its hello) until it closes, so closing does not
-            // reset the connection before the client read the refusal.
-            let deadline = Instant::now() + timeout;
-            let mut sink = [0u8; 1024];
-            while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-                if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
-                    break;
+
+    /// Appends what has arrived to the connection's input.
+    fn receive(&mut self, id: u64) -> std::result::Result<(), Close> {
+        let conn = self.connections.get_mut(&id).ok_or(Close::Gone)?;
+        let mut chunk = [0u8; 64 << 10];
+        match (&conn.stream).read(&mut chunk) {
+            Ok(0) => Err(Close::Gone),
+            Ok(n) => {
+                conn.input.extend_from_slice(&chunk[..n]);
+                Ok(())
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => Ok(()),
+            Err(_) => Err(Close::Gone),
+        }
+    }
+
+    /// Decodes and answers every whole request in the connection's input.
+    fn answer_all(&mut self, id: u64) -> std::result::Result<(), Close> {
+        let mut used = 0;
+        let result = loop {
+            let conn = self.connections.get_mut(&id).ok_or(Close::Gone)?;
+            if conn.output.len() >= OUTPUT_BACKLOG {
+                break Ok(());
+            }
+            let input = &conn.input[used..];
+            // Before it validates, a connection may send nothing else: no partial request of
+            // some other kind is ever buffered for it.
+            if conn.hello_deadline.is_some() && input.first().is_some_and(|&c| c != 0) {
+                break Err(Close::Refused(
+                    "it did not start with TCPStore's VALIDATE (is it a TCPStore client?)".into(),
+                ));
+            }
+            match wire::decode(input, self.limits.max_value_bytes) {
+                Ok(None) => break Ok(()),
+                Ok(Some((command, len))) => {
+                    used += len;
+                    if let Err(close) = self.execute(id, command) {
+                        break Err(close);
+                    }
                 }
-                match (&stream).read(&mut sink) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
+                Err(malformed) => break Err(Close::Refused(refusal(&malformed))),
+            }
+        };
+        if let Some(conn) = self.connections.get_mut(&id) {
+            conn.input.drain(..used);
+        }
+        result
+    }
+
+    /// Sends what it can of the connection's answers.
+    fn flush(&mut self, id: u64) -> std::result::Result<(), Close> {
+        let Some(conn) = self.connections.get_mut(&id) else {
+            return Ok(());
+        };
+        while !conn.output.is_empty() {
+            match (&conn.stream).write(&conn.output) {
+                Ok(0) => return Err(Close::Gone),
+                Ok(n) => {
+                    conn.output.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return Err(Close::Gone),
+            }
+        }
+        Ok(())
+    }
+
+    fn reply(&mut self, id: u64, answer: Encoder) {
+        if let Some(conn) = self.connections.get_mut(&id) {
+            conn.output.extend_from_slice(&answer.0);
+        }
+    }
+
+    fn execute(&mut self, id: u64, command: Command) -> std::result::Result<(), Close> {
+        match command {
+            Command::Validate { magic } if magic == wire::VALIDATION_MAGIC => {
+                if let Some(conn) = self.connections.get_mut(&id) {
+                    conn.hello_deadline = None;
                 }
             }
-            inner.refusing.fetch_sub(1, Ordering::SeqCst);
-        });
-    if spawned.is_err() {
-        // The closure (and its decrement) never ran; the stream closed with it.
-        shared.refusing.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Reads from a stream until an overall deadline, however the bytes trickle in.
-struct Until<'a> {
-    stream: &'a TcpStream,
-    deadline: Instant,
-}
-
-impl Read for Until<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::ErrorKind::TimedOut.into());
-        }
-        self.stream.set_read_timeout(Some(left))?;
-        self.stream.read(buf)
-    }
-}
-
-/// Answers one connection until it closes or misbehaves.
-fn serve(stream: TcpStream, shared: &Shared) {
-    let _ = stream.set_nodelay(true);
-    let peer = stream
-        .peer_addr()
-        .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
-    let id = shared.next_connection.fetch_add(1, Ordering::SeqCst);
-    let mut writer = BufWriter::new(&stream);
-    let answer_and_close = |writer: &mut BufWriter<&TcpStream>, response: Response| {
-        let _ = write_frame(writer, &response.encode());
-    };
-
-    // The hello, within the hello timeout, however slowly it trickles in.
-    let mut until = Until {
-        stream: &stream,
-        deadline: Instant::now() + shared.limits.hello_timeout,
-    };
-    let hello = match read_frame_within(&mut until, MAX_HELLO_FRAME) {
-        Ok(payload) => Request::decode(&payload),
-        Err(e) => {
-            if let Some(too_large) = frame_too_large(&e) {
-                answer_and_close(&mut writer, too_large);
+            Command::Validate { magic } => {
+                return Err(Close::Refused(format!(
+                    "it validated with {magic:#x}, not TCPStore's magic number"
+                )))
             }
+            Command::Ping { nonce } => self.reply(id, Encoder::default().u32(nonce)),
+            Command::Set { key, value } => self.set(key, value)?,
+            Command::CompareSet {
+                key,
+                expected,
+                desired,
+            } => {
+                let now = self.values.get(&key).map(Vec::as_slice);
+                let (answer, changed) = wire::compare_set(now, &expected, &desired);
+                if changed {
+                    self.store(key.clone(), desired)?;
+                }
+                self.wake_waiters(&key);
+                self.reply(id, Encoder::default().bytes(&answer));
+            }
+            Command::Get { key } => {
+                let value = self.values.get(&key).map_or(&[][..], Vec::as_slice);
+                let answer = Encoder::default().bytes(value);
+                self.reply(id, answer);
+            }
+            Command::Add { key, delta } => {
+                let now = match self.values.get(&key) {
+                    None => 0,
+                    Some(v) => std::str::from_utf8(v)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<i64>().ok())
+                        .ok_or_else(|| {
+                            Close::Refused(format!("ADD to '{key}', which holds no number"))
+                        })?,
+                };
+                let new = now.wrapping_add(delta);
+                self.set(key, new.to_string().into_bytes())?;
+                self.reply(id, Encoder::default().i64(new));
+            }
+            Command::Check { keys } => {
+                let ready = keys.iter().all(|k| self.values.contains_key(k));
+                let answer = if ready { wire::READY } else { wire::NOT_READY };
+                self.reply(id, Encoder::default().u8(answer));
+            }
+            Command::Wait { keys } => self.wait(id, keys),
+            Command::NumKeys => {
+                let n = self.values.len() as i64;
+                self.reply(id, Encoder::default().i64(n));
+            }
+            Command::Delete { key } => {
+                let deleted = match self.values.remove(&key) {
+                    Some(value) => {
+                        self.stored_bytes -= entry_bytes(&key, &value);
+                        1
+                    }
+                    None => 0,
+                };
+                self.reply(id, Encoder::default().i64(deleted));
+            }
+            Command::Append { key, value } => {
+                let mut whole = self.values.get(&key).cloned().unwrap_or_default();
+                whole.extend_from_slice(&value);
+                self.set(key, whole)?;
+            }
+            Command::MultiGet { keys } => {
+                let mut answer = Encoder::default();
+                for key in &keys {
+                    answer = answer.bytes(self.values.get(key).map_or(&[][..], Vec::as_slice));
+                }
+                self.reply(id, answer);
+            }
+            Command::MultiSet { pairs } => {
+                for (key, value) in pairs {
+                    self.set(key, value)?;
+                }
+            }
+            Command::CancelWait => {
+                // The waiter lists forget it lazily: `wake_waiters` skips a connection that
+                // no longer waits.
+                if let Some(conn) = self.connections.get_mut(&id) {
+                    conn.awaited = 0;
+                }
+                self.reply(id, Encoder::default().u8(wire::WAIT_CANCELED));
+            }
+        }
+        Ok(())
+    }
+
+    /// SET: stores and wakes whoever waits for the key.
+    fn set(&mut self, key: String, value: Vec<u8>) -> std::result::Result<(), Close> {
+        self.store(key.clone(), value)?;
+        self.wake_waiters(&key);
+        Ok(())
+    }
+
+    /// Stores `value` at `key` if the bounds allow it; otherwise says which bound.
+    fn store(&mut self, key: String, value: Vec<u8>) -> std::result::Result<(), Close> {
+        let limits = &self.limits;
+        let over = |what: &str, max: usize| {
+            Close::Refused(format!(
+                "setting '{key}' would exceed its bound of {max} {what}"
+            ))
+        };
+        if value.len() > limits.max_value_bytes {
+            return Err(over("value bytes", limits.max_value_bytes));
+        }
+        let old = self.values.get(&key).map(|v| entry_bytes(&key, v));
+        if old.is_none() && self.values.len() >= limits.max_keys {
+            return Err(over("keys", limits.max_keys));
+        }
+        let total = self.stored_bytes - old.unwrap_or(0) + entry_bytes(&key, &value);
+        if total > limits.max_stored_bytes {
+            return Err(over("stored bytes", limits.max_stored_bytes));
+        }
+        self.stored_bytes = total;
+        self.values.insert(key, value);
+        Ok(())
+    }
+
+    /// WAIT: answered now if every key is set, else when the last one is.
+    fn wait(&mut self, id: u64, keys: Vec<String>) {
+        let missing: Vec<String> = keys
+            .into_iter()
+            .filter(|k| !self.values.contains_key(k))
+            .collect();
+        if missing.is_empty() {
+            return self.reply(id, Encoder::default().u8(wire::STOP_WAITING));
+        }
+        if let Some(conn) = self.connections.get_mut(&id) {
+            conn.awaited = missing.len();
+        }
+        for key in missing {
+            self.waiters.entry(key).or_default().push(id);
+        }
+    }
+
+    fn wake_waiters(&mut self, key: &str) {
+        let Some(ids) = self.waiters.remove(key) else {
             return;
-        }
-    };
-    let rank = match hello {
-        Ok(Request::Hello {
-            rank,
-            world_size,
-            run_id,
-        }) => match admit(shared, id, peer, rank, world_size, run_id) {
-            Ok(()) => rank,
-            Err(refusal) => return answer_and_close(&mut writer, Response::Refused(refusal)),
-        },
-        Ok(_) => {
-            let refusal = Refusal::Other("the first request must be a hello".into());
-            return answer_and_close(&mut writer, Response::Refused(refusal));
-        }
-        Err(_) => return,
-    };
-    if write_frame(&mut writer, &Response::Ok.encode()).is_err()
-        || stream.set_read_timeout(None).is_err()
-    {
-        return leave(shared, rank, id);
-    }
-
-    // A rank of this job: it may stay silent for as long as the job runs.
-    let mut reader = BufReader::new(&stream);
-    loop {
-        let request = match read_frame(&mut reader) {
-            Ok(payload) => Request::decode(&payload),
-            Err(e) => {
-                if let Some(too_large) = frame_too_large(&e) {
-                    answer_and_close(&mut writer, too_large);
-                }
-                break;
-            }
         };
-        let Ok(request) = request else { break };
-        let response = answer(shared, request);
-        if write_frame(&mut writer, &response.encode()).is_err() {
-            break;
-        }
-    }
-    leave(shared, rank, id);
-}
-
-/// The refusal for a frame over the bound, if that is what `e` is.
-fn frame_too_large(e: &std::io::Error) -> Option<Response> {
-    let too_large = e.get_ref()?.downcast_ref::<FrameTooLarge>()?;
-    Some(Response::Refused(Refusal::Limit {
-        what: "frame bytes".into(),
-        max: too_large.max as u64,
-    }))
-}
-
-/// Checks a hello against the job this store serves, and records the rank as connected.
-fn admit(
-    shared: &Shared,
-    id: u64,
-    peer: SocketAddr,
-    rank: u32,
-    world_size: u32,
-    run_id: Option<String>,
-) -> std::result::Result<(), Refusal> {
-    // Ranks started by hand have no run id: compare only when both sides have one.
-    if let (Some(ours), Some(theirs)) = (&shared.run_id, &run_id) {
-        if ours != theirs {
-            return Err(Refusal::ForeignRun {
-                store_run_id: ours.clone(),
-            });
-        }
-    }
-    let mut state = shared.state.lock().unwrap();
-    if world_size as usize != shared.world_size && state.mismatch.is_none() {
-        state.mismatch = Some((rank, world_size));
-        // Every wait of the job ends now, with this reason.
-        shared.changed.notify_all();
-    }
-    if let Some(refusal) = mismatch(shared, &state) {
-        return Err(refusal);
-    }
-    if rank as usize >= shared.world_size {
-        return Err(Refusal::Other(format!(
-            "rank {rank} is outside a world of {} ranks",
-            shared.world_size
-        )));
-    }
-    if let Some((_, first_from)) = state.connected.get(&rank) {
-        return Err(Refusal::DuplicateRank {
-            first_from: first_from.to_string(),
-        });
-    }
-    state.connected.insert(rank, (id, peer));
-    state.ranks_seen.insert(rank);
-    Ok(())
-}
-
-/// The connection of `rank` numbered `id` closed.
-fn leave(shared: &Shared, rank: u32, id: u64) {
-    let mut state = shared.state.lock().unwrap();
-    if state
-        .connected
-        .get(&rank)
-        .is_some_and(|&(open, _)| open == id)
-    {
-        state.connected.remove(&rank);
-    }
-}
-
-fn mismatch(shared: &Shared, state: &State) -> Option<Refusal> {
-    state
-        .mismatch
-        .map(|(rank, rank_world_size)| Refusal::WorldSizeMismatch {
-            store_world_size: shared.world_size as u32,
-            rank,
-            rank_world_size,
-        })
-}
-
-fn limit(what: &str, max: usize) -> Response {
-    Response::Refused(Refusal::Limit {
-        what: what.into(),
-        max: max as u64,
-    })
-}
-
-/// Stores `value` at `key` if the bounds allow it; otherwise says which bound.
-fn store_value(
-    shared: &Shared,
-    state: &mut State,
-    key: String,
-    value: Vec<u8>,
-) -> std::result::Result<(), Response> {
-    let limits = &shared.limits;
-    if value.len() > limits.max_value_bytes {
-        return Err(limit("value bytes", limits.max_value_bytes));
-    }
-    let old = state
-        .values
-        .get(&key)
-        .map(|v| key.len() + v.len() + ENTRY_OVERHEAD);
-    if old.is_none() && state.values.len() >= limits.max_keys {
-        return Err(limit("keys", limits.max_keys));
-    }
-    let new = key.len() + value.len() + ENTRY_OVERHEAD;
-    let total = state.stored_bytes - old.unwrap_or(0) + new;
-    if total > limits.max_stored_bytes {
-        return Err(limit("stored bytes", limits.max_stored_bytes));
-    }
-    state.stored_bytes = total;
-    state.values.insert(key, value);
-    Ok(())
-}
-
-fn answer(shared: &Shared, request: Request) -> Response {
-    let mut state = shared.state.lock().unwrap();
-    match request {
-        Request::Hello { .. } => {
-            Response::Refused(Refusal::Other("this connection already said hello".into()))
-        }
-        Request::Set { key, value } => match store_value(shared, &mut state, key, value) {
-            Ok(()) => {
-                shared.changed.notify_all();
-                Response::Ok
+        for id in ids {
+            let Some(conn) = self.connections.get_mut(&id) else {
+                continue;
+            };
+            if conn.awaited == 0 {
+                continue; // cancelled
             }
-            Err(refused) => refused,
-        },
-        Request::Get { key, timeout_ms } => {
-            match wait_for(shared, state, std::slice::from_ref(&key), timeout_ms) {
-                Ok(state) => Response::Value(state.values[&key].clone()),
-                Err(refused) => refused,
+            conn.awaited -= 1;
+            if conn.awaited == 0 {
+                conn.output.push(wire::STOP_WAITING);
+                let _ = self.flush(id);
             }
         }
-        Request::Wait { keys, timeout_ms } => match wait_for(shared, state, &keys, timeout_ms) {
-            Ok(_) => Response::Ok,
-            Err(refused) => refused,
-        },
-        Request::Add { key, delta } => {
-            let current = state
-                .values
-                .get(&key)
-                .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok())
-                .unwrap_or(0);
-            let new = current.wrapping_add(delta);
-            match store_value(shared, &mut state, key, new.to_string().into_bytes()) {
-                Ok(()) => {
-                    shared.changed.notify_all();
-                    Response::Number(new)
-                }
-                Err(refused) => refused,
-            }
-        }
-        Request::Check { keys } => {
-            Response::Bool(keys.iter().all(|k| state.values.contains_key(k)))
-        }
-        Request::Delete { key } => match state.values.remove(&key) {
-            Some(value) => {
-                state.stored_bytes -= key.len() + value.len() + ENTRY_OVERHEAD;
-                Response::Bool(true)
-            }
-            None => Response::Bool(false),
-        },
     }
-}
 
-/// Blocks until every key exists or the timeout passes; on timeout answers who had connected
-/// (as text) and the ranks that never did. Once the ranks disagree on the world size, answers
-/// that at once instead.
-fn wait_for<'a>(
-    shared: &Shared,
-    mut state: MutexGuard<'a, State>,
-    keys: &[String],
-    timeout_ms: u64,
-) -> std::result::Result<MutexGuard<'a, State>, Response> {
-    let deadline = Instant::now()
-        .checked_add(Duration::from_millis(timeout_ms))
-        .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
-    loop {
-        if let Some(refusal) = mismatch(shared, &state) {
-            return Err(Response::Refused(refusal));
+    fn close(&mut self, id: u64, why: Close) {
+        if let Some(conn) = self.connections.remove(&id) {
+            if let Close::Refused(reason) = why {
+                let peer = conn.peer;
+                self.say(format_args!("closed the connection from {peer}: {reason}"));
+            }
         }
-        if keys.iter().all(|k| state.values.contains_key(k)) {
-            return Ok(state);
-        }
+    }
+
+    /// Drops connections that did not validate in time.
+    fn drop_silent(&mut self) {
         let now = Instant::now();
-        if now >= deadline {
-            let (detail, missing) = who_arrived(&state.ranks_seen, shared.world_size);
-            return Err(Response::Timeout { detail, missing });
+        let silent: Vec<u64> = self
+            .connections
+            .iter()
+            .filter(|(_, c)| c.hello_deadline.is_some_and(|d| d <= now))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in silent {
+            self.connections.remove(&id);
         }
-        state = shared
-            .changed
-            .wait_timeout(state, deadline - now)
-            .unwrap()
-            .0;
+    }
+
+    fn publish_stats(&self) {
+        let mut stats = self.shared.stats.lock().unwrap();
+        let before = stats.open_connections;
+        stats.open_connections = self.connections.len();
+        stats.stored_bytes = self.stored_bytes;
+        if stats.open_connections < before {
+            self.shared.changed.notify_all();
+        }
+    }
+
+    /// One line on stderr about a refused request, within the rate limit.
+    fn say(&mut self, line: std::fmt::Arguments<'_>) {
+        let now = Instant::now();
+        match self.log.second {
+            Some(start) if now.duration_since(start) < Duration::from_secs(1) => {}
+            _ => {
+                self.log.second = Some(now);
+                self.log.lines = 0;
+            }
+        }
+        self.log.lines += 1;
+        if self.log.lines <= LOG_LINES_PER_SECOND {
+            eprintln!("rendezvous store at {}: {line}", self.addr);
+        }
     }
 }
 
-fn who_arrived(seen: &BTreeSet<u32>, world_size: usize) -> (String, Vec<u32>) {
-    let list = |ranks: &mut dyn Iterator<Item = &u32>| rank_list(ranks.map(|&r| r as usize));
-    let missing: Vec<u32> = (0..world_size as u32)
-        .filter(|r| !seen.contains(r))
-        .collect();
-    let text = format!(
-        "ranks connected to the store: {} of {world_size}; never connected: {}",
-        list(&mut seen.iter()),
-        list(&mut missing.iter())
-    );
-    (text, missing)
+fn refusal(malformed: &Malformed) -> String {
+    format!("malformed request ({malformed})")
+}
+
+fn entry_bytes(key: &str, value: &[u8]) -> usize {
+    key.len() + value.len() + ENTRY_OVERHEAD
+}
+
+fn poll_fd(fd: std::os::fd::RawFd, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
 }

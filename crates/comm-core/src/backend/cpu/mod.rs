@@ -9,7 +9,7 @@ mod tcp;
 mod transport;
 
 pub use channel::ChannelTransport;
-pub use shm::ShmTransport;
+pub use shm::{remove_own_segments, ShmTransport};
 pub use tcp::TcpTransport;
 pub use transport::{threaded_send_recv_with, CallScope, Sink, Transport, PIECE_BYTES};
 

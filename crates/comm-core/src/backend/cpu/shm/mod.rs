@@ -36,6 +36,11 @@ use crate::streaming::{copy, Stores};
 
 pub use segment::leftovers;
 
+/// Unlinks the segments this process created and has not unlinked yet (it is about to exit).
+pub fn remove_own_segments() {
+    segment::remove_own();
+}
+
 /// Spins before yielding, then yields before sleeping: short waits (a peer a slot behind) cost
 /// no system call, long ones no core.
 const SPINS: u32 = 200;

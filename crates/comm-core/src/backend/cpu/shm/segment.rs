@@ -159,6 +159,18 @@ fn map(fd: libc::c_int, len: usize) -> io::Result<NonNull<u8>> {
 /// Removes segments of ours left by processes that no longer exist (killed while setting up);
 /// returns how many. Segments of live processes are left alone, whoever they belong to.
 pub(crate) fn sweep_stale() -> usize {
+    sweep(|pid| !process_exists(pid))
+}
+
+/// Removes the segments this process created and still has in /dev/shm: for a rank about to exit
+/// in the middle of setting up (another rank ended the job), which unlinks nothing on the way.
+pub(crate) fn remove_own() -> usize {
+    let me = std::process::id() as libc::pid_t;
+    sweep(|pid| pid == me)
+}
+
+/// Unlinks our segments whose creator's pid `doomed` picks; returns how many.
+fn sweep(doomed: impl Fn(libc::pid_t) -> bool) -> usize {
     let Ok(entries) = std::fs::read_dir(SHM_DIR) else {
         return 0;
     };
@@ -173,7 +185,7 @@ pub(crate) fn sweep_stale() -> usize {
         else {
             continue;
         };
-        if !process_exists(pid) {
+        if doomed(pid) {
             if let Ok(c_name) = CString::new(format!("/{}", name.to_string_lossy())) {
                 // SAFETY: c_name is a valid NUL-terminated string.
                 if unsafe { libc::shm_unlink(c_name.as_ptr()) } == 0 {
