@@ -153,17 +153,9 @@ pub fn report_failure(rank: usize, error: &CommError) -> i32 {
 /// Whether this process has reported its failure.
 static REPORTED: AtomicBool = AtomicBool::new(false);
 
-/// Stops this rank now, from any thread, because the job ended under it (another rank failed, or
-/// the store is gone): reports `error` and exits, unless the main thread reported a failure
-/// first (it then exits by itself). Shared-memory segments this process created and has not yet
-/// unlinked go first, so nothing is left in /dev/shm.
-pub fn stop_now(rank: usize, error: &CommError) {
-    if REPORTED.load(Ordering::SeqCst) {
-        return;
-    }
-    let code = report_failure(rank, error);
-    crate::backend::cpu::remove_own_segments();
-    std::process::exit(code);
+/// Whether this process has already reported a failure (see [`report_failure`]).
+pub fn reported() -> bool {
+    REPORTED.load(Ordering::SeqCst)
 }
 
 #[cfg(test)]

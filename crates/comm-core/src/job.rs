@@ -67,7 +67,7 @@ impl Job {
             namespace: &namespace,
         };
         let store = Store::join(&topology.master_addr, topology.master_port, &who, timeout)?;
-        store.when_job_ends(move |error| crate::failure_record::stop_now(rank, &error));
+        store.when_job_ends(move |error| stop_now(rank, &error));
         Ok(Job {
             topology: topology.clone(),
             selection,
@@ -180,4 +180,17 @@ impl Job {
         }
         Ok(())
     }
+}
+
+/// Stops this rank now, from the store's watcher, because the job ended under it (another rank
+/// failed, or the store is gone): reports `error` and exits, unless the main thread reported a
+/// failure first (it then exits by itself). Shared-memory segments this process created and has
+/// not yet unlinked go first, so nothing is left in /dev/shm.
+fn stop_now(rank: usize, error: &CommError) {
+    if crate::failure_record::reported() {
+        return;
+    }
+    let code = crate::failure_record::report_failure(rank, error);
+    crate::backend::cpu::remove_own_segments();
+    std::process::exit(code);
 }

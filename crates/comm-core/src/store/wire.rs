@@ -340,7 +340,9 @@ impl Encoder {
 }
 
 impl Command {
-    /// The request's bytes, as a client sends them.
+    /// The request's bytes, as a client sends them (the client builds its requests with
+    /// [`Encoder`] directly; tests check that both agree with the decoder).
+    #[cfg(test)]
     pub fn encode(&self) -> Vec<u8> {
         use query::*;
         let e = match self {
