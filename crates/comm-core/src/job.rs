@@ -26,7 +26,7 @@ pub struct Job {
     transport: TransportChoice,
     store: Arc<Store>,
     /// Rank 0 serves the store for everyone until the job finishes.
-    server: Option<StoreServer>,
+    server: Option<Arc<StoreServer>>,
     /// Communicators built so far: the next one's name in the store.
     built: AtomicU64,
 }
@@ -58,7 +58,8 @@ impl Job {
                 topology.run_id.as_deref(),
             )?),
             _ => None,
-        };
+        }
+        .map(Arc::new);
         let namespace = topology.store.namespace();
         let who = Membership {
             rank,
@@ -67,7 +68,8 @@ impl Job {
             namespace: &namespace,
         };
         let store = Store::join(&topology.master_addr, topology.master_port, &who, timeout)?;
-        store.when_job_ends(move |error| stop_now(rank, &error));
+        let serving = server.clone();
+        store.when_job_ends(move |error| stop_now(rank, &error, serving.as_deref()));
         Ok(Job {
             topology: topology.clone(),
             selection,
@@ -185,12 +187,17 @@ impl Job {
 /// Stops this rank now, from the store's watcher, because the job ended under it (another rank
 /// failed, or the store is gone): reports `error` and exits, unless the main thread reported a
 /// failure first (it then exits by itself). Shared-memory segments this process created and has
-/// not yet unlinked go first, so nothing is left in /dev/shm.
-fn stop_now(rank: usize, error: &CommError) {
+/// not yet unlinked go first, so nothing is left in /dev/shm. Rank 0 serves the store a moment
+/// longer (up to 2 s), until the other ranks have read why the job ended and left.
+fn stop_now(rank: usize, error: &CommError, server: Option<&StoreServer>) {
     if crate::failure_record::reported() {
         return;
     }
     let code = crate::failure_record::report_failure(rank, error);
     crate::backend::cpu::remove_own_segments();
+    if let Some(server) = server {
+        // This rank's own two connections (requests and the watcher) stay open till the exit.
+        server.wait_until_at_most(2, Duration::from_secs(2));
+    }
     std::process::exit(code);
 }

@@ -208,3 +208,99 @@ fn a_killed_parent_takes_its_ranks_with_it() {
     child.kill(); // SIGKILL: no chance to clean up
     assert_all_gone(&pids);
 }
+
+/// Starts ranks by hand, as torchrun or srun would: rank r with world size `worlds[r]`, `None`
+/// for a rank never started.
+fn by_hand(test: &str, worlds: &[Option<usize>], port: u16, dir: &Path) -> Vec<(usize, Running)> {
+    worlds
+        .iter()
+        .enumerate()
+        .filter_map(|(rank, world)| {
+            let world = (*world)?;
+            let mut rank_job = job(test, "plain", "60", dir);
+            rank_job
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string());
+            Some((rank, start(&mut rank_job)))
+        })
+        .collect()
+}
+
+#[test]
+fn ranks_that_disagree_on_the_world_size_all_stop_at_once() {
+    if let Ok(scenario) = std::env::var("SCENARIO") {
+        as_rank(&scenario);
+    }
+    let dir = scratch("world-size");
+    let port = comm_core::spawn::free_port().unwrap();
+    let started = Instant::now();
+    let ranks = by_hand(
+        "ranks_that_disagree_on_the_world_size_all_stop_at_once",
+        &[Some(3), Some(4), Some(3)],
+        port,
+        &dir,
+    );
+    let results: Vec<(usize, i32, String)> = ranks
+        .into_iter()
+        .map(|(rank, r)| {
+            let (code, stderr) = wait_with_limit(r, Duration::from_secs(30));
+            (rank, code, stderr)
+        })
+        .collect();
+    // The timeout is 60 s: every rank ends long before, as soon as the disagreement is known.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    for (rank, code, stderr) in &results {
+        assert_eq!(*code, 1, "rank {rank}: {stderr}");
+        assert!(
+            stderr.contains("started for 3 ranks, but rank 1 says 4"),
+            "rank {rank}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert_eq!(stderr.matches("error: ").count(), 1, "one line: {stderr}");
+    }
+    assert!(comm_core::backend::cpu::shm::leftovers()
+        .iter()
+        .all(|name| !name.contains(&format!("-{port}-"))));
+}
+
+#[test]
+fn killing_the_rank_that_serves_the_store_stops_the_others_at_once() {
+    if let Ok(scenario) = std::env::var("SCENARIO") {
+        as_rank(&scenario);
+    }
+    // Ranks 0-2 of 4: they meet and wait for rank 3, who never comes, until rank 0 is killed.
+    let dir = scratch("store-killed");
+    let port = comm_core::spawn::free_port().unwrap();
+    let mut ranks = by_hand(
+        "killing_the_rank_that_serves_the_store_stops_the_others_at_once",
+        &[Some(4), Some(4), Some(4), None],
+        port,
+        &dir,
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let (_, rank0) = ranks.remove(0);
+    let pids: Vec<i32> = ranks.iter().map(|(_, r)| r.pid()).collect();
+    let killed = Instant::now();
+    rank0.kill();
+    for (rank, running) in ranks {
+        let (code, stderr) = wait_with_limit(running, Duration::from_secs(30));
+        assert!(
+            killed.elapsed() < Duration::from_secs(2),
+            "rank {rank} took {:?} (timeout 60 s): {stderr}",
+            killed.elapsed()
+        );
+        assert_eq!(code, 1, "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "error: rank {rank}: rank {rank} lost the rendezvous store at 127.0.0.1:{port}"
+            )),
+            "{stderr}"
+        );
+        assert!(stderr.contains("did rank 0 exit or fail?"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    assert_all_gone(&pids);
+}

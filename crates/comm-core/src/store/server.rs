@@ -220,13 +220,18 @@ impl StoreServer {
     /// another rank still waits for an answer. Returns false if some were still connected at the
     /// timeout.
     pub fn wait_until_idle(&self, timeout: Duration) -> bool {
+        self.wait_until_at_most(0, timeout)
+    }
+
+    /// Waits until at most `open` connections remain (rank 0's own, say); false at the timeout.
+    pub fn wait_until_at_most(&self, open: usize, timeout: Duration) -> bool {
         let stats = self.shared.stats.lock().unwrap();
         let (stats, _) = self
             .shared
             .changed
-            .wait_timeout_while(stats, timeout, |s| s.open_connections > 0)
+            .wait_timeout_while(stats, timeout, |s| s.open_connections > open)
             .unwrap();
-        stats.open_connections == 0
+        stats.open_connections <= open
     }
 }
 
