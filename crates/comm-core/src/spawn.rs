@@ -12,9 +12,15 @@
 //! Like torchrun, it gives each rank its own `TORCHELASTIC_ERROR_FILE` (in a temporary directory
 //! it owns and removes), and picks the root cause among ranks that failed together from the
 //! [`ErrorRecord`]s they wrote there, not from their stderr.
+//!
+//! A launcher may add to one start of the ranks ([`run_with`] and its [`Extras`]): variables of
+//! its own, and where each rank's stdout and stderr go (the console, a log file, both, or
+//! neither; torchrun's `--redirects`, `--tee` and `--local-ranks-filter`). Restarting is the
+//! launcher's: it calls [`run_with`] again, unless [`interrupted`] says a Ctrl-C came.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
+use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -114,6 +120,45 @@ pub struct SpawnPlan {
     pub run_id: Option<String>,
 }
 
+/// Where one output stream of a rank goes: the console, a log file, both, or neither. Its
+/// stderr's last lines reach the failure summary wherever it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Shown on this process's own stdout or stderr (labelled `[rank]: ` if the plan says so).
+    pub console: bool,
+    /// Written to this file too, line by line without the label (created, or emptied).
+    pub file: Option<PathBuf>,
+}
+
+impl Default for Route {
+    /// The console only, as [`run`] shows every rank.
+    fn default() -> Route {
+        Route {
+            console: true,
+            file: None,
+        }
+    }
+}
+
+/// Where a rank's stdout and stderr go.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RankOutput {
+    /// Its stdout's way.
+    pub stdout: Route,
+    /// Its stderr's way.
+    pub stderr: Route,
+}
+
+/// What a launcher adds to a [`SpawnPlan`] for one start of the ranks. The default adds
+/// nothing: [`run`].
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    /// Variables every rank gets besides torchrun's (e.g. `TORCHELASTIC_RESTART_COUNT`).
+    pub env: Vec<(String, String)>,
+    /// Where each rank's output goes, by local rank; a rank past the end: the console.
+    pub outputs: Vec<RankOutput>,
+}
+
 /// How a rank ended, for the summary.
 #[derive(Debug, Clone)]
 pub struct Failure {
@@ -209,10 +254,24 @@ fn signal_name(sig: i32) -> &'static str {
     }
 }
 
+/// A signal caught and not yet passed on to the ranks.
 static RECEIVED_SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// The last signal caught, kept: see [`interrupted`].
+static INTERRUPTED_BY: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn remember_signal(sig: libc::c_int) {
     RECEIVED_SIGNAL.store(sig, Ordering::SeqCst);
+    INTERRUPTED_BY.store(sig, Ordering::SeqCst);
+}
+
+/// The SIGINT or SIGTERM this process last received since [`run`] (or [`run_with`]) first
+/// started ranks, if any. It was passed on to the ranks; a launcher that restarts
+/// failed ranks asks this first, as an interrupt (Ctrl-C, a cancelled job) never restarts.
+pub fn interrupted() -> Option<i32> {
+    match INTERRUPTED_BY.load(Ordering::SeqCst) {
+        0 => None,
+        sig => Some(sig),
+    }
 }
 
 /// Catches SIGINT and SIGTERM so the parent can pass them on instead of dying first.
@@ -250,6 +309,13 @@ fn group_alive(pid: u32) -> bool {
 /// Refuses (a usage error, nothing started) more than [`MAX_LOCAL_RANKS`] ranks on this node or
 /// [`MAX_WORLD_SIZE`] in all, and warns on stderr when the ranks far outnumber the cores.
 pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
+    run_with(plan, &Extras::default())
+}
+
+/// [`run`], with a launcher's [`Extras`]: more variables for every rank, and where each rank's
+/// output goes. The log files are created before any rank starts; one that cannot be is an
+/// error, and nothing starts.
+pub fn run_with(plan: &SpawnPlan, extras: &Extras) -> Result<Outcome> {
     let world_size = check_ranks("--nproc-per-node", plan.nproc_per_node, plan.nnodes)?;
     if plan.node_rank >= plan.nnodes {
         return Err(CommError::Usage(format!(
@@ -267,6 +333,7 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
     let (exits, exited) =
         crossbeam_channel::unbounded::<(usize, std::io::Result<ExitStatus>, u64)>();
     let records = ErrorDir::create();
+    let mut log_files = open_log_files(extras, plan.nproc_per_node)?.into_iter();
     let mut pids = Vec::new();
     let mut relays = Vec::new();
     let mut stderr_tails = Vec::new();
@@ -287,21 +354,16 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
             store: crate::topology::StoreHost::RankZero,
         };
         let rank = topology.rank;
+        let output = extras.outputs.get(local_rank).cloned().unwrap_or_default();
+        let (stdout_file, stderr_file) = log_files.next().unwrap_or_default();
         let mut command = Command::new(&plan.program);
         command
             .args(&plan.args)
             .envs(topology.worker_env())
+            .envs(extras.env.iter().map(|(k, v)| (k, v)))
             .env_remove(ERROR_FILE_ENV)
             .stdin(Stdio::null())
-            .stdout(match plan.prefix_output {
-                true => Stdio::piped(),
-                // Unlabelled, the ranks write straight to our stdout: one file, so the kernel
-                // keeps their lines in the order they were written, and a rank's line printed
-                // before it sent its row comes before rank 0's grid. (Through a relay per rank
-                // that order is lost.) A line longer than a pipe's atomic write (4 KiB) could
-                // interleave with another rank's; the course's lines are short.
-                false => Stdio::inherit(),
-            })
+            .stdout(stdout_mode(plan, &output.stdout))
             .stderr(Stdio::piped());
         if let Some(records) = &records {
             command.env(ERROR_FILE_ENV, records.file(rank));
@@ -336,15 +398,20 @@ pub fn run(plan: &SpawnPlan) -> Result<Outcome> {
         let prefix = plan.prefix_output.then(|| format!("[{rank}]: "));
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         if let Some(stdout) = child.stdout.take() {
-            relays.push(relay(stdout, prefix.clone(), false, out_lock.clone(), None));
+            let sink = Sink {
+                console: output.stdout.console.then_some(Console::Stdout),
+                prefix: prefix.clone(),
+                file: stdout_file,
+            };
+            relays.push(relay(stdout, sink, out_lock.clone(), None));
         }
-        relays.push(relay(
-            child.stderr.take().unwrap(),
+        let sink = Sink {
+            console: output.stderr.console.then_some(Console::Stderr),
             prefix,
-            true,
-            out_lock.clone(),
-            Some(tail.clone()),
-        ));
+            file: stderr_file,
+        };
+        let stderr = child.stderr.take().unwrap();
+        relays.push(relay(stderr, sink, out_lock.clone(), Some(tail.clone())));
         stderr_tails.push(tail);
         let exits = exits.clone();
         std::thread::spawn(move || {
@@ -551,14 +618,83 @@ impl Drop for ErrorDir {
     }
 }
 
-/// Copies a child's output to ours a whole line at a time, optionally keeping the last lines.
+/// How a rank's stdout is connected: straight to ours when only the console shows it unlabelled,
+/// to nothing when nothing shows it, else to a pipe that a relay reads.
+fn stdout_mode(plan: &SpawnPlan, route: &Route) -> Stdio {
+    match (route.console, &route.file) {
+        (false, None) => Stdio::null(),
+        // Unlabelled, the ranks write straight to our stdout: one file, so the kernel keeps
+        // their lines in the order they were written, and a rank's line printed before it sent
+        // its row comes before rank 0's grid. (Through a relay per rank that order is lost.) A
+        // line longer than a pipe's atomic write (4 KiB) could interleave with another rank's;
+        // the course's lines are short.
+        (true, None) if !plan.prefix_output => Stdio::inherit(),
+        _ => Stdio::piped(),
+    }
+}
+
+/// The log files of every local rank (stdout's, stderr's), created or emptied before any rank
+/// starts.
+fn open_log_files(extras: &Extras, nproc: usize) -> Result<Vec<(Option<File>, Option<File>)>> {
+    let open = |route: &Route| -> Result<Option<File>> {
+        let Some(path) = &route.file else {
+            return Ok(None);
+        };
+        File::create(path)
+            .map(Some)
+            .map_err(|e| CommError::io(format!("cannot create log file {}", path.display()), e))
+    };
+    let outputs = extras.outputs.iter().take(nproc);
+    outputs
+        .map(|o| Ok((open(&o.stdout)?, open(&o.stderr)?)))
+        .collect()
+}
+
+/// Which of our own streams a relayed stream is shown on.
+#[derive(Clone, Copy)]
+enum Console {
+    Stdout,
+    Stderr,
+}
+
+/// Where a relay copies one stream of one rank: our console (labelled or not), a log file,
+/// both, or neither.
+struct Sink {
+    console: Option<Console>,
+    prefix: Option<String>,
+    file: Option<File>,
+}
+
+impl Sink {
+    /// Writes one whole line. Fails only when the console is closed (the relay then stops); a
+    /// log file that cannot be written is said once on stderr and then left out.
+    fn write(&mut self, line: &[u8], lock: &Mutex<()>) -> std::io::Result<()> {
+        if let Some(file) = &mut self.file {
+            if let Err(e) = file.write_all(line) {
+                eprintln!("warning: a log file could not be written ({e}); its lines are lost");
+                self.file = None;
+            }
+        }
+        let Some(console) = self.console else {
+            return Ok(());
+        };
+        let prefix = self.prefix.as_deref();
+        let _guard = lock.lock().unwrap();
+        match console {
+            Console::Stdout => write_line(&mut std::io::stdout().lock(), prefix, line),
+            Console::Stderr => write_line(&mut std::io::stderr().lock(), prefix, line),
+        }
+    }
+}
+
+/// Copies a child's output to its [`Sink`] a whole line at a time, optionally keeping the last
+/// lines.
 ///
 /// A line longer than [`LINE_CAP`] is shown cut, with a marker saying how many bytes were cut;
 /// the rest is read and dropped as it comes, so a line of any length costs at most the cap.
 fn relay(
     source: impl Read + Send + 'static,
-    prefix: Option<String>,
-    to_stderr: bool,
+    mut sink: Sink,
     lock: Arc<Mutex<()>>,
     tail: Option<Arc<Mutex<VecDeque<String>>>>,
 ) -> std::thread::JoinHandle<()> {
@@ -585,13 +721,7 @@ fn relay(
                 }
                 tail.push_back(tail_line(&line));
             }
-            let _guard = lock.lock().unwrap();
-            let written = if to_stderr {
-                write_line(&mut std::io::stderr().lock(), prefix.as_deref(), &line)
-            } else {
-                write_line(&mut std::io::stdout().lock(), prefix.as_deref(), &line)
-            };
-            if written.is_err() {
+            if sink.write(&line, &lock).is_err() {
                 return;
             }
         }
