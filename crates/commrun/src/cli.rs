@@ -2,8 +2,11 @@
 //! and torchrun's older `--nproc_per_node` spelling work), then the program and its arguments.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 
 use clap::Parser;
+
+use crate::logs::{parse_rank_filter, parse_std_spec, RankFilter, StdSpec};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -23,9 +26,14 @@ Examples:
   # under Slurm, one commrun per node: nodes, node rank and master come from SLURM_* variables
   srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES commrun --nproc-per-node 4 PROGRAM
 
+  # start the 4 workers again (up to twice) if one fails; keep every worker's output in files,
+  # show only local rank 0's on the console
+  commrun --nproc-per-node 4 --max-restarts 2 --log-dir logs --tee 3 --local-ranks-filter 0 PROGRAM
+
 Each line a worker prints is prefixed with its rank ([3]: ...) unless --no-prefix. When a worker
-fails, the others get SIGTERM, then SIGKILL after --shutdown-timeout; commrun exits with the
-failed worker's code (128 + signal if it was killed) and prints the root cause."
+fails, the others get SIGTERM, then SIGKILL after --shutdown-timeout; then, with --max-restarts
+left, all of them start again; else commrun exits with the failed worker's code (128 + signal if
+it was killed) and prints the root cause."
 )]
 pub struct Cli {
     /// Workers on this node: a number, `gpu` (one per GPU), `cpu` (one per CPU core) or `auto`
@@ -80,6 +88,36 @@ pub struct Cli {
     #[arg(long)]
     pub no_prefix: bool,
 
+    /// When a worker fails, stop the worker group of this node and start it again, up to N
+    /// times; each start's workers get TORCHELASTIC_RESTART_COUNT (0 the first) and
+    /// TORCHELASTIC_MAX_RESTARTS. An interrupt never restarts. One node only.
+    #[arg(long, alias = "max_restarts", value_name = "N", default_value_t = 0,
+          allow_negative_numbers = true, value_parser = parse_restarts)]
+    pub max_restarts: u32,
+
+    /// Where --redirects and --tee write the workers' files:
+    /// DIR/RUN_ID_XXXXXXXX/attempt_K/LOCAL_RANK/stdout.log and stderr.log [default: a new
+    /// directory in the temporary folder, named on stderr].
+    #[arg(long, alias = "log_dir", value_name = "DIR")]
+    pub log_dir: Option<PathBuf>,
+
+    /// Streams written to the log files instead of the console: 0 none, 1 stdout, 2 stderr,
+    /// 3 both; for every worker, or per local rank (0:3,1:2).
+    #[arg(short = 'r', long, value_name = "STD", default_value = "0",
+          value_parser = parse_std_spec, allow_negative_numbers = true)]
+    pub redirects: StdSpec,
+
+    /// Streams written to the log files and to the console (values as --redirects).
+    #[arg(short = 't', long, value_name = "STD", default_value = "0",
+          value_parser = parse_std_spec, allow_negative_numbers = true)]
+    pub tee: StdSpec,
+
+    /// Only these local ranks' output reaches the console (e.g. 0, or 0,2); the others' still
+    /// goes to their log files, if any.
+    #[arg(long, alias = "local_ranks_filter", value_name = "RANKS",
+          value_parser = parse_rank_filter)]
+    pub local_ranks_filter: Option<RankFilter>,
+
     /// Seconds between SIGTERM and SIGKILL when stopping workers (torchrun's default is 30).
     #[arg(
         long,
@@ -115,6 +153,13 @@ fn parse_nproc(value: &str) -> Result<Nproc, String> {
             Err(_) => Err("give a number of workers, or gpu, cpu or auto".into()),
         },
     }
+}
+
+fn parse_restarts(value: &str) -> Result<u32, String> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| "give a number of restarts, 0 or more".into())
 }
 
 fn parse_nnodes(value: &str) -> Result<usize, String> {
@@ -177,6 +222,52 @@ mod tests {
         assert_eq!(cli.nproc_per_node, Nproc::Count(1));
         assert_eq!((cli.nnodes, cli.node_rank), (None, None));
         assert!(!cli.no_prefix && !cli.standalone);
+        assert_eq!(cli.max_restarts, 0);
+        assert_eq!((cli.redirects.clone(), cli.tee.clone()), Default::default());
+        assert_eq!((cli.log_dir, cli.local_ranks_filter), (None, None));
+    }
+
+    #[test]
+    fn torchruns_restart_and_log_flags() {
+        let cli = parse(&[
+            "--max_restarts=2",
+            "--log_dir",
+            "logs",
+            "-r",
+            "0:1,1:2",
+            "-t",
+            "3",
+            "--local_ranks_filter",
+            "0,2",
+            "prog",
+        ])
+        .unwrap();
+        assert_eq!(cli.max_restarts, 2);
+        assert_eq!(cli.log_dir.as_deref(), Some(std::path::Path::new("logs")));
+        assert_eq!(cli.redirects, parse_std_spec("0:1,1:2").unwrap());
+        assert_eq!(cli.tee, parse_std_spec("3").unwrap());
+        assert_eq!(
+            cli.local_ranks_filter,
+            Some(parse_rank_filter("0,2").unwrap())
+        );
+        let cli = parse(&["--max-restarts", "1", "--redirects", "3", "--tee", "0", "p"]).unwrap();
+        assert_eq!(cli.max_restarts, 1);
+        for (args, expected) in [
+            (
+                ["--max-restarts", "-1"],
+                "give a number of restarts, 0 or more",
+            ),
+            (
+                ["--redirects", "7"],
+                "\"7\" is not 0 (none), 1 (stdout), 2 (stderr) or 3",
+            ),
+            (["--tee", "0:9"], "\"9\" is not 0 (none)"),
+            (["--tee", "-1"], "\"-1\" is not 0 (none)"),
+            (["--local-ranks-filter", "a"], "\"a\" is not a local rank"),
+        ] {
+            let e = parse(&[args[0], args[1], "p"]).unwrap_err();
+            assert!(e.contains(expected), "{args:?}: {e}");
+        }
     }
 
     #[test]

@@ -5,16 +5,20 @@
 //! Slurm's variables.
 //!
 //! The launching itself is comm-core's [`comm_core::spawn`], the same code an example uses when
-//! it starts its own ranks: commrun adds the command line, the checks and the root-cause summary.
+//! it starts its own ranks: commrun adds the command line, the checks, restarts
+//! (`--max-restarts`), log files (`--log-dir`, `--redirects`, `--tee`, `--local-ranks-filter`)
+//! and the root-cause summary.
 
 mod cli;
+mod logs;
 mod plan;
+mod restart;
 mod summary;
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use comm_core::spawn::{self, Outcome};
+use comm_core::spawn::Outcome;
 
 fn main() -> ExitCode {
     // `commrun … | head` ends quietly, as Unix tools do (its workers die with it: PDEATHSIG),
@@ -57,7 +61,12 @@ fn launch(cli: &cli::Cli) -> Result<i32, String> {
     if plan.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
         std::env::set_var("OMP_NUM_THREADS", "1");
     }
-    match spawn::run(plan).map_err(|e| e.to_string())? {
+    let logs = logs::RunLogs::create(
+        &resolved.output,
+        plan.nproc_per_node,
+        plan.run_id.as_deref(),
+    )?;
+    match restart::run(plan, resolved.max_restarts, &logs)? {
         Outcome::Success => Ok(0),
         Outcome::Failed(failure) => {
             eprintln!("{}", summary::root_cause(&failure, plan, &host));

@@ -10,6 +10,7 @@ use comm_core::spawn::SpawnPlan;
 use comm_core::topology::{Launcher, Topology, DEFAULT_MASTER_PORT};
 
 use crate::cli::{Cli, Nproc};
+use crate::logs::OutputPlan;
 
 /// torchrun's port when `--rdzv-endpoint` names only a host.
 pub const DEFAULT_RDZV_PORT: u16 = 29400;
@@ -56,12 +57,17 @@ fn gpu_count() -> usize {
     std::fs::read_dir("/proc/driver/nvidia/gpus").map_or(0, |d| d.count())
 }
 
-/// A plan, and where its numbers came from (for the one line commrun prints under srun).
+/// A plan, where its numbers came from (for the one line commrun prints under srun), how often
+/// to restart it and where its output goes.
 #[derive(Debug)]
 pub struct Resolved {
     pub plan: SpawnPlan,
     /// Set when the node layout came from Slurm's variables.
     pub from_slurm: bool,
+    /// `--max-restarts`: starts of the worker group after the first one fails.
+    pub max_restarts: u32,
+    /// `--log-dir`, `--redirects`, `--tee`, `--local-ranks-filter`.
+    pub output: OutputPlan,
 }
 
 impl Resolved {
@@ -143,6 +149,14 @@ pub fn resolve(cli: &Cli, machine: &Machine) -> Result<Resolved, String> {
             nnodes - 1
         ));
     }
+    check_restarts(cli.max_restarts, nnodes)?;
+    let output = OutputPlan {
+        log_dir: cli.log_dir.clone(),
+        redirects: cli.redirects.clone(),
+        tee: cli.tee.clone(),
+        filter: cli.local_ranks_filter.clone(),
+    };
+    output.check(nproc)?;
 
     let endpoint = cli
         .rdzv_endpoint
@@ -201,7 +215,23 @@ pub fn resolve(cli: &Cli, machine: &Machine) -> Result<Resolved, String> {
             run_id,
         },
         from_slurm: slurm.is_some(),
+        max_restarts: cli.max_restarts,
+        output,
     })
+}
+
+/// Restarting a worker group on one node of several would need every node's commrun to stop
+/// and restart together, and they have no way to agree: refused.
+fn check_restarts(max_restarts: u32, nnodes: usize) -> Result<(), String> {
+    if max_restarts > 0 && nnodes > 1 {
+        return Err(format!(
+            "--max-restarts {max_restarts} with {nnodes} nodes: commrun restarts the workers of \
+             one node only, and the commruns of several nodes cannot agree to restart together; \
+             drop --max-restarts (or run on one node), and restart the whole job instead \
+             (e.g. a loop around srun, or sbatch --requeue)"
+        ));
+    }
+    Ok(())
 }
 
 /// On node 0, rank 0 will serve the store at `port`: refuse now if something holds it.
@@ -363,6 +393,44 @@ mod tests {
         assert!(error(&["--rdzv-endpoint", "h:x"]).contains("not a port"));
         assert!(error(&["--rdzv-backend", "etcd"]).contains("--rdzv-backend etcd"));
         assert!(error(&["--shutdown-timeout=-1"]).contains("--shutdown-timeout"));
+    }
+
+    #[test]
+    fn restarts_on_one_node_only_and_log_ranks_this_node_has() {
+        assert_eq!(
+            resolve_args(&["--max-restarts", "3"], &machine(None))
+                .unwrap()
+                .max_restarts,
+            3
+        );
+        let e = error(&[
+            "--max-restarts",
+            "1",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--master-addr",
+            "h",
+        ]);
+        assert!(e.starts_with("--max-restarts 1 with 2 nodes:"), "{e}");
+        let two = resolve_args(
+            &["--nnodes", "2", "--node-rank", "1", "--master-addr", "h"],
+            &machine(None),
+        );
+        assert_eq!(two.unwrap().max_restarts, 0);
+        // Under srun the node count comes from Slurm, and is refused the same way.
+        let e =
+            resolve_args(&["--max-restarts", "1"], &machine(Some(srun_task(0, 2, 1)))).unwrap_err();
+        assert!(e.contains("with 2 nodes"), "{e}");
+        let e = error(&["--nproc-per-node", "2", "--redirects", "0:3,2:3"]);
+        assert!(e.contains("--redirects names local rank 2"), "{e}");
+        let r = resolve_args(
+            &["--nproc-per-node", "2", "--tee", "1:3", "--log-dir", "d"],
+            &machine(None),
+        )
+        .unwrap();
+        assert_eq!(r.output.log_dir.as_deref(), Some(Path::new("d")));
     }
 
     fn srun_task(rank: usize, ntasks: usize, per_node: usize) -> Topology {
