@@ -47,6 +47,17 @@ fn expect(code: i32, args: &[&str]) -> (String, String) {
     (stdout, stderr)
 }
 
+/// `commrun FLAGS [--log-dir LOG_DIR] sh -c SCRIPT`, expecting exit code `code`; FLAGS is split
+/// at spaces.
+fn sh(code: i32, flags: &str, log_dir: Option<&Path>, script: &str) -> (String, String) {
+    let mut args: Vec<&str> = flags.split_whitespace().collect();
+    if let Some(dir) = log_dir {
+        args.extend(["--log-dir", dir.to_str().unwrap()]);
+    }
+    args.extend(["sh", "-c", script]);
+    expect(code, &args)
+}
+
 /// Lines of `text` that contain `needle`.
 fn lines_with<'a>(text: &'a str, needle: &str) -> Vec<&'a str> {
     text.lines().filter(|l| l.contains(needle)).collect()
@@ -59,18 +70,7 @@ const FAILS_ONCE: &str = "echo \"out $LOCAL_RANK start $TORCHELASTIC_RESTART_COU
 
 #[test]
 fn a_worker_that_fails_on_its_first_start_finishes_on_the_second() {
-    let (stdout, stderr) = expect(
-        0,
-        &[
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "2",
-            "sh",
-            "-c",
-            FAILS_ONCE,
-        ],
-    );
+    let (stdout, stderr) = sh(0, "--nproc-per-node 2 --max-restarts 2", None, FAILS_ONCE);
     assert_eq!(
         lines_with(&stderr, "restarting"),
         ["commrun: rank 1 exited with code 3; restarting the worker group (attempt 2 of 3)"],
@@ -84,7 +84,7 @@ fn a_worker_that_fails_on_its_first_start_finishes_on_the_second() {
         }
     }
     // Without --max-restarts the same worker fails the job, and the workers are told 0 and 0.
-    let (stdout, stderr) = expect(3, &["--nproc-per-node", "2", "sh", "-c", FAILS_ONCE]);
+    let (stdout, stderr) = sh(3, "--nproc-per-node 2", None, FAILS_ONCE);
     assert!(stdout.contains("[1]: out 1 start 0 of max 0"), "{stdout}");
     assert!(!stderr.contains("restart"), "{stderr}");
 }
@@ -93,18 +93,7 @@ fn a_worker_that_fails_on_its_first_start_finishes_on_the_second() {
 fn when_the_restarts_run_out_the_summary_is_the_last_failures() {
     let script = "echo \"failing on start $TORCHELASTIC_RESTART_COUNT\" >&2; \
                   if [ $RANK = 1 ]; then exit 7; fi; exec sleep 60";
-    let (_, stderr) = expect(
-        7,
-        &[
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "2",
-            "sh",
-            "-c",
-            script,
-        ],
-    );
+    let (_, stderr) = sh(7, "--nproc-per-node 2 --max-restarts 2", None, script);
     let restarts = lines_with(&stderr, "restarting the worker group");
     assert_eq!(
         restarts,
@@ -268,24 +257,11 @@ fn read(path: PathBuf) -> String {
 #[test]
 fn tee_writes_torchruns_layout_for_every_start_and_shows_the_lines_too() {
     let logs = scratch("logs-tee");
-    let log_dir = logs.to_str().unwrap();
-    let (stdout, stderr) = expect(
+    let (stdout, stderr) = sh(
         0,
-        &[
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "1",
-            "--rdzv-id",
-            "run-42",
-            "--log-dir",
-            log_dir,
-            "--tee",
-            "3",
-            "sh",
-            "-c",
-            FAILS_ONCE,
-        ],
+        "--nproc-per-node 2 --max-restarts 1 --rdzv-id run-42 --tee 3",
+        Some(&logs),
+        FAILS_ONCE,
     );
     let run = run_dir(&logs, "run-42");
     assert!(
@@ -317,21 +293,11 @@ fn redirects_write_only_the_files_per_stream_and_per_rank() {
     let logs = scratch("logs-redirect");
     let script = "echo out-$LOCAL_RANK; echo err-$LOCAL_RANK >&2";
     // Local rank 0's stdout and rank 1's stderr go to files only; the rest to the console.
-    let (stdout, stderr) = expect(
+    let (stdout, stderr) = sh(
         0,
-        &[
-            "--nproc-per-node",
-            "3",
-            "--rdzv-id",
-            "r",
-            "--log-dir",
-            logs.to_str().unwrap(),
-            "-r",
-            "0:1,1:2",
-            "sh",
-            "-c",
-            script,
-        ],
+        "--nproc-per-node 3 --rdzv-id r -r 0:1,1:2",
+        Some(&logs),
+        script,
     );
     let run = run_dir(&logs, "r");
     assert_eq!(
@@ -352,23 +318,11 @@ fn redirects_write_only_the_files_per_stream_and_per_rank() {
 fn the_filter_keeps_other_ranks_off_the_console_but_in_their_files() {
     let logs = scratch("logs-filter");
     let script = "echo out-$LOCAL_RANK; echo err-$LOCAL_RANK >&2";
-    let (stdout, stderr) = expect(
+    let (stdout, stderr) = sh(
         0,
-        &[
-            "--nproc-per-node",
-            "3",
-            "--local-ranks-filter",
-            "0,2",
-            "--rdzv-id",
-            "f",
-            "--log-dir",
-            logs.to_str().unwrap(),
-            "--tee",
-            "3",
-            "sh",
-            "-c",
-            script,
-        ],
+        "--nproc-per-node 3 --local-ranks-filter 0,2 --rdzv-id f --tee 3",
+        Some(&logs),
+        script,
     );
     let mut shown: Vec<&str> = stdout.lines().collect();
     shown.sort();
@@ -381,18 +335,7 @@ fn the_filter_keeps_other_ranks_off_the_console_but_in_their_files() {
 
     // Without files, the filter alone; a filtered rank that fails still has its summary.
     let script = "echo out-$LOCAL_RANK; if [ $LOCAL_RANK = 1 ]; then echo why >&2; exit 5; fi";
-    let (stdout, stderr) = expect(
-        5,
-        &[
-            "--nproc-per-node",
-            "2",
-            "--local_ranks_filter",
-            "0",
-            "sh",
-            "-c",
-            script,
-        ],
-    );
+    let (stdout, stderr) = sh(5, "--nproc-per-node 2 --local_ranks_filter 0", None, script);
     assert!(
         !stdout.contains("out-1") && !stderr.contains("[1]: why"),
         "{stdout}{stderr}"
@@ -406,19 +349,11 @@ fn the_filter_keeps_other_ranks_off_the_console_but_in_their_files() {
 
 #[test]
 fn without_log_dir_the_files_go_to_a_new_folder_that_commrun_names() {
-    let (_, stderr) = expect(
+    let (_, stderr) = sh(
         0,
-        &[
-            "--nproc-per-node",
-            "2",
-            "--redirects",
-            "3",
-            "--rdzv-id",
-            "t",
-            "sh",
-            "-c",
-            "echo hi",
-        ],
+        "--nproc-per-node 2 --redirects 3 --rdzv-id t",
+        None,
+        "echo hi",
     );
     let line = lines_with(&stderr, "commrun: log files in ");
     assert_eq!(line.len(), 1, "{stderr}");
@@ -447,46 +382,36 @@ fn without_log_dir_the_files_go_to_a_new_folder_that_commrun_names() {
 
 #[test]
 fn bad_values_get_one_clear_line_and_exit_code_2() {
-    let fails = |args: &[&str], expected: &str| {
-        let (_, stderr) = expect(2, args);
+    let fails = |args: &str, expected: &str| {
+        let (_, stderr) = expect(2, &args.split_whitespace().collect::<Vec<_>>());
         let first = stderr.lines().next().unwrap_or_default();
         assert!(
             first.contains(expected),
-            "commrun {args:?}: {expected:?} not in the first line of\n{stderr}"
+            "commrun {args}: {expected:?} not in the first line of\n{stderr}"
         );
     };
     fails(
-        &["--max-restarts", "-1", "true"],
+        "--max-restarts -1 true",
         "invalid value '-1' for '--max-restarts <N>': give a number of restarts, 0 or more",
     );
     fails(
-        &["--redirects", "7", "true"],
+        "--redirects 7 true",
         "\"7\" is not 0 (none), 1 (stdout), 2 (stderr) or 3 (both)",
     );
     fails(
-        &["--tee", "0:9", "true"],
-        "\"9\" is not 0 (none), 1 (stdout)",
+        "--tee 0:9 true",
+        "local rank 0: \"9\" is not 0 (none), 1 (stdout)",
     );
     fails(
-        &["--local-ranks-filter", "zero", "true"],
+        "--local-ranks-filter zero true",
         "\"zero\" is not a local rank",
     );
     fails(
-        &["--nproc-per-node", "2", "--tee", "2:3", "true"],
+        "--nproc-per-node 2 --tee 2:3 true",
         "commrun: error: --tee names local rank 2, but this node runs local ranks 0 to 1",
     );
     fails(
-        &[
-            "--max-restarts",
-            "1",
-            "--nnodes",
-            "2",
-            "--node-rank",
-            "0",
-            "--master-addr",
-            "127.0.0.1",
-            "true",
-        ],
+        "--max-restarts 1 --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 true",
         "commrun: error: --max-restarts 1 with 2 nodes: commrun restarts the workers of one \
          node only",
     );
@@ -495,18 +420,7 @@ fn bad_values_get_one_clear_line_and_exit_code_2() {
     let file = dir.join("a-file");
     std::fs::write(&file, "").unwrap();
     let under_file = file.join("logs");
-    let (_, stderr) = expect(
-        2,
-        &[
-            "--tee",
-            "3",
-            "--log-dir",
-            under_file.to_str().unwrap(),
-            "sh",
-            "-c",
-            "echo ran",
-        ],
-    );
+    let (_, stderr) = sh(2, "--tee 3", Some(&under_file), "echo ran");
     assert_eq!(
         stderr,
         format!(
@@ -514,18 +428,7 @@ fn bad_values_get_one_clear_line_and_exit_code_2() {
             under_file.display()
         )
     );
-    let (stdout, stderr) = expect(
-        2,
-        &[
-            "-t",
-            "3",
-            "--log-dir",
-            file.to_str().unwrap(),
-            "sh",
-            "-c",
-            "echo ran",
-        ],
-    );
+    let (stdout, stderr) = sh(2, "-t 3", Some(&file), "echo ran");
     assert_eq!(
         stderr,
         format!(
@@ -570,18 +473,7 @@ fn the_books_restart_example_prints_what_the_book_shows() {
         .1
         .strip_suffix('\'')
         .unwrap();
-    let (stdout, stderr) = expect(
-        0,
-        &[
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "2",
-            "sh",
-            "-c",
-            script,
-        ],
-    );
+    let (stdout, stderr) = sh(0, "--nproc-per-node 2 --max-restarts 2", None, script);
     // The ranks' lines come in any order, and stdout and stderr apart: compared as sets.
     let mut printed: Vec<&str> = stdout.lines().chain(stderr.lines()).collect();
     let mut shown: Vec<&str> = shown.lines().collect();
