@@ -1,6 +1,7 @@
 //! The book (`docs/`) never drifts from the code: every chapter listed in `docs/src/SUMMARY.md`
 //! is read, its links checked, and every output block marked `<!-- output: COMMAND -->` is
-//! produced again by running COMMAND and compared. The convention is in `docs/README.md`.
+//! produced again by running COMMAND (an example, or a `torchrun …` command: see `run`) and
+//! compared. The convention is in `docs/README.md`.
 //! The book shows a machine without GPUs: where there are some, the commands run with them hidden.
 //!
 //! `cargo test --test book -- --nocapture` also prints the figure: code blocks (and how many are
@@ -10,10 +11,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use test_support::backend::{self, Kind};
-use test_support::build::example;
-use test_support::process::Plainly;
+use test_support::build::{example, the_one_build};
+use test_support::process::{self, Plainly, Tag};
+use test_support::torch;
 
 const CHECKED: &str = "<!-- output: ";
 const ILLUSTRATIVE: &str = "<!-- output-illustrative: ";
@@ -142,8 +145,11 @@ fn as_in_the_book() -> &'static AsInTheBook {
 
 /// Runs `cargo run [--release] --example NAME [-- ARGS]` with the debug example binary (the
 /// output is the same but for timings, which are normalized), on the CPU as in the book.
-/// Returns stdout and stderr.
-fn run(command: &str) -> String {
+/// Returns stdout and stderr. A `torchrun …` command runs as [`run_torchrun`] does.
+fn run(command: &str) -> Option<String> {
+    if command.starts_with("torchrun ") {
+        return run_torchrun(command);
+    }
     let words: Vec<&str> = command.split_whitespace().collect();
     let (cargo, args) =
         words.split_at(words.iter().position(|w| *w == "--").unwrap_or(words.len()));
@@ -153,7 +159,7 @@ fn run(command: &str) -> String {
             name
         }
         _ => {
-            panic!("cannot run `{command}`: only `cargo run [--release] --example NAME [-- ARGS]`")
+            panic!("cannot run `{command}`: only `cargo run [--release] --example NAME [-- ARGS]` or `torchrun …`")
         }
     };
     let book = as_in_the_book();
@@ -169,7 +175,24 @@ fn run(command: &str) -> String {
         output.status.success(),
         "`{command}` failed:\n{stdout}\n{stderr}"
     );
-    format!("{stdout}{stderr}").replace(&book.cpu_reason, BOOK_CPU_REASON)
+    Some(format!("{stdout}{stderr}").replace(&book.cpu_reason, BOOK_CPU_REASON))
+}
+
+/// Runs a `torchrun …` command as written, after the one build command (its program is
+/// `target/release/NAME`), with the torch of `scripts/torch-env.sh`; returns what the workers
+/// printed on stdout (torchrun's own log lines go to stderr). Without torch: None, saying the
+/// block was skipped (a failure with NCCL_WORKSHOP_REQUIRE_TORCH=1).
+fn run_torchrun(command: &str) -> Option<String> {
+    let torch = torch::or_skip(&format!("the book's `{command}`"))?;
+    let book = as_in_the_book();
+    let tag = Tag::new("book-torchrun");
+    let mut torchrun = torch.as_written(command, &the_one_build());
+    torchrun.plainly().envs(book.envs.iter().copied());
+    tag.mark(&mut torchrun);
+    let done = process::start(&mut torchrun).finish(Duration::from_secs(120));
+    done.assert_success(command);
+    tag.assert_all_gone(command);
+    Some(done.stdout.replace(&book.cpu_reason, BOOK_CPU_REASON))
 }
 
 /// Lines that each rank prints on its own, in whatever order the processes get there.
@@ -289,7 +312,9 @@ fn marked_output_blocks_are_what_the_commands_print() {
                 block.line,
                 block.lang
             );
-            let actual = run(command);
+            let Some(actual) = run(command) else {
+                continue;
+            };
             if normalize(&actual) != normalize(&block.body) {
                 failures.push(format!(
                     "{}:{}: `{command}` now prints (update the book):\n{actual}\nthe book shows:\n{}",

@@ -39,6 +39,51 @@ pub fn binary(package: &str, name: &str) -> PathBuf {
     path
 }
 
+/// The one build command, as README.md shows it (and slurm/common.sh tells a job to run).
+pub const THE_BUILD: &str = "cargo build --release";
+
+/// Runs [`THE_BUILD`] as a user would before running `target/release/<program>`, once per test
+/// process, in this test's target folder; returns where it puts the binaries (the folder the
+/// README and the scripts call `target/release`). Checks that README.md and slurm/common.sh
+/// still name that command.
+pub fn the_one_build() -> PathBuf {
+    static DONE: Mutex<Option<PathBuf>> = Mutex::new(None);
+    let mut done = DONE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(dir) = done.as_ref() {
+        return dir.clone();
+    }
+    let root = workspace_root();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(
+        readme.contains(&format!("\n{THE_BUILD}\n")),
+        "README.md does not show `{THE_BUILD}`"
+    );
+    let common = std::fs::read_to_string(root.join("slurm/common.sh")).unwrap();
+    assert!(
+        common.contains(&format!("BUILD_COMMAND=\"{THE_BUILD}\"")),
+        "slurm/common.sh tells jobs another build command than `{THE_BUILD}`"
+    );
+    let target = profile_dir()
+        .parent()
+        .expect("the target folder")
+        .to_path_buf();
+    let mut words = THE_BUILD.split_whitespace();
+    assert_eq!(words.next(), Some("cargo"));
+    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cargo
+        .args(words)
+        .arg("--quiet")
+        .env("CARGO_TARGET_DIR", &target)
+        .current_dir(&root);
+    let status = cargo
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {cargo:?}: {e}"));
+    assert!(status.success(), "{cargo:?} failed");
+    let dir = target.join("release");
+    *done = Some(dir.clone());
+    dir
+}
+
 /// Where cargo put this test's profile: `target/<profile>`, the test being
 /// `target/<profile>/deps/<test>-<hash>`. Binaries are here, examples in `examples/`.
 pub fn profile_dir() -> PathBuf {

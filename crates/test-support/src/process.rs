@@ -238,6 +238,84 @@ pub fn assert_all_gone(pids: &[i32]) {
     }
 }
 
+/// Processes that leave the group of the process that started them, found again by a mark in
+/// their environment: torchrun starts each worker in a session of its own, so killing torchrun's
+/// group misses its workers. Every process started from a marked command inherits the mark
+/// (torchrun passes its environment on); dropping the tag kills whatever still carries it.
+pub struct Tag {
+    value: String,
+}
+
+/// The variable that carries a [`Tag`].
+const TAG_VAR: &str = "NCCL_WORKSHOP_TEST_TAG";
+
+impl Tag {
+    /// A mark no other tag of any test process has.
+    pub fn new(name: &str) -> Tag {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Tag {
+            value: format!("{name}-{}-{n}", std::process::id()),
+        }
+    }
+
+    /// Marks `command`, so that it and everything it starts carry this tag.
+    pub fn mark<'c>(&self, command: &'c mut Command) -> &'c mut Command {
+        command.env(TAG_VAR, &self.value)
+    }
+
+    /// The processes still running that carry this tag.
+    pub fn running(&self) -> Vec<i32> {
+        let needle = format!("{TAG_VAR}={}", self.value);
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&pid| {
+                std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| {
+                    environ
+                        .split(|&b| b == 0)
+                        .any(|var| var == needle.as_bytes())
+                })
+            })
+            .filter(|&pid| alive(pid))
+            .collect()
+    }
+
+    /// Fails the test unless every process with this tag is gone within 5 s (killing those
+    /// left, so that the failure leaves nothing behind).
+    pub fn assert_all_gone(&self, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let running = self.running();
+            if running.is_empty() {
+                return;
+            }
+            if Instant::now() > deadline {
+                self.kill_all();
+                panic!("{what} left processes running: {running:?} (now killed)");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL to every process that carries this tag.
+    pub fn kill_all(&self) {
+        for pid in self.running() {
+            // SAFETY: kill(2) on a pid read from /proc just now; at worst it has exited since.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+impl Drop for Tag {
+    /// A test that failed halfway leaves none of its processes running.
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
 /// An empty folder of this test process's own under the temporary folder.
 pub fn scratch(name: &str) -> PathBuf {
     let dir =
@@ -314,6 +392,31 @@ mod tests {
             message.contains("was killed") && message.contains("started"),
             "{message}"
         );
+        assert_all_gone(&pids);
+    }
+
+    #[test]
+    fn a_tag_finds_what_left_the_group() {
+        let tag = Tag::new("tag-test");
+        let dir = scratch("tag");
+        // setsid: the sleep leaves the group of the shell that started it, as torchrun's
+        // workers leave torchrun's.
+        let script = format!("setsid sleep 60 & echo $! > {}/0; wait", dir.display());
+        let running = start(tag.mark(Command::new("sh").args(["-c", &script])));
+        let pids = wait_for_pid_files(&dir, 0..1, Duration::from_secs(10));
+        let shell = running.pid();
+        assert!(tag.running().contains(&shell), "the shell carries the tag");
+        drop(running);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while tag.running() != pids {
+            assert!(
+                Instant::now() < deadline,
+                "only the sleep, which outlives its group's kill, should be left: {:?}",
+                tag.running()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        drop(tag);
         assert_all_gone(&pids);
     }
 
