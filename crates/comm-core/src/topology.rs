@@ -155,6 +155,9 @@ impl Topology {
         if let Some(run_id) = &self.run_id {
             env.push((RUN_ID_VAR, run_id.clone()));
         }
+        // Rank 0 serves the store for ranks we start, whatever the environment we inherited
+        // says (a program started under torchrun may start ranks of its own).
+        env.push((AGENT_STORE_VAR, "False".into()));
         env
     }
 }
@@ -251,7 +254,7 @@ fn torchrun(var: &impl Fn(&str) -> Option<String>) -> Result<Topology> {
 /// Whether torchrun's agent serves the store at MASTER_ADDR:MASTER_PORT, and which attempt of
 /// the worker group this is (torchrun restarts the whole group after a failure).
 fn agent_store(var: &impl Fn(&str) -> Option<String>) -> Result<StoreHost> {
-    if !var(AGENT_STORE_VAR).is_some_and(|v| v.trim() == "True") {
+    if var(AGENT_STORE_VAR).is_none_or(|v| v.trim() != "True") {
         return Ok(StoreHost::RankZero);
     }
     let attempt = optional_number(var, RESTART_COUNT_VAR)?.unwrap_or(0);
@@ -743,6 +746,9 @@ mod tests {
         let t = topo(&v).unwrap().unwrap();
         assert_eq!(t.store, StoreHost::Agent { attempt: 0 });
         assert_eq!(t.store.namespace(), "/worker/attempt_0");
+        // Ranks such a rank starts itself meet at its rank 0's store, not at torchrun's.
+        let told = ("TORCHELASTIC_USE_AGENT_STORE", "False".to_string());
+        assert!(t.worker_env().contains(&told));
         v.push(("TORCHELASTIC_RESTART_COUNT", "2"));
         assert_eq!(
             topo(&v).unwrap().unwrap().store.namespace(),

@@ -208,11 +208,23 @@ impl Store {
     }
 
     /// Sets `key` to `value`, replacing any earlier value, and wakes every rank waiting for it.
+    ///
+    /// The key is also listed, with this rank, in the job's index (`job/keys`, one `<rank> <key>`
+    /// line each; barriers' own keys aside), so that someone reading the store from outside can
+    /// tell which keys there are and who wrote them: TCPStore has no command that lists keys.
+    /// The APPEND travels in the same write as the SET.
     pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         self.check_value(key, value)?;
-        let request = Encoder::command(query::SET)
+        let mut request = Encoder::command(query::SET)
             .bytes(self.wire(key).as_bytes())
             .bytes(value);
+        if !key.starts_with("barrier/") {
+            let line = format!("{} {key}\n", self.rank);
+            let index = Encoder::command(query::APPEND)
+                .bytes(self.wire(membership::INDEX_KEY).as_bytes())
+                .bytes(line.as_bytes());
+            request.0.extend_from_slice(&index.0);
+        }
         self.call(key, |c| c.confirmed(request))
     }
 

@@ -1,20 +1,21 @@
 //! Who belongs to the job, checked with the store's own commands, so that it holds on any
-//! TCPStore server: ours (rank 0's) or torchrun's agent store.
+//! TCPStore server: ours (rank 0's) or torchrun's agent store. The job's keys (all under its
+//! namespace, see `client.rs`):
 //!
-//! Joining is three COMPARE_SETs, each of which either writes this rank's fact or answers the fact
-//! already there:
-//!
-//! | key | value | refused when |
+//! | key | value | written by |
 //! |---|---|---|
-//! | `job/run_id` | the run id | another run's id is there: a rank of another job found this port |
-//! | `job/world_size` | the world size | another size is there: the ranks disagree |
-//! | `job/rank/<r>` | `<address> (pid <pid>)` | another process holds rank r |
+//! | `job/run_id` | the run id | our server at start, or the first rank to join |
+//! | `job/world_size` | the world size | our server at start, or the first rank to join |
+//! | `job/rank/<r>` | `<address> (pid <pid>)` | rank r, as it joins |
+//! | `job/abort` | `<rank>\n<its error>` | the first rank to end the job |
+//! | `job/keys` | one `<rank> <key>` line per `set` | every rank (the index readers outside use) |
 //!
-//! Our server stores the run id and world size before anyone connects (rank 0's word rules); on
-//! torchrun's store the first rank to join writes them. A rank refused for the size or a duplicate
-//! rank writes `job/abort` (`<rank>\n<its error>`), which every rank's watcher waits for
-//! (`client.rs`): the whole job stops at once. A rank of another run does not: that job is not
-//! its own.
+//! Joining is three COMPARE_SETs, each of which either writes this rank's fact or answers the
+//! fact already there: another run's id means a rank of another job found this port; another
+//! world size, that the ranks disagree; another process's claim on `job/rank/<r>`, that two
+//! processes were given one rank. The last two write `job/abort`, which every rank's watcher
+//! waits for (`client.rs`): the whole job stops at once. A rank of another run does not: that job
+//! is not its own.
 
 use std::time::Duration;
 
@@ -24,6 +25,8 @@ use crate::error::{CommError, Result};
 pub const RUN_ID_KEY: &str = "job/run_id";
 pub const WORLD_SIZE_KEY: &str = "job/world_size";
 pub const ABORT_KEY: &str = "job/abort";
+/// The job's index of keys: who set which (see [`Store::set`]).
+pub const INDEX_KEY: &str = "job/keys";
 
 /// The key rank `rank` claims as it joins.
 pub fn rank_key(rank: usize) -> String {
