@@ -427,7 +427,15 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
             // Every backend over the same ranks and store: the first must work, the others are
             // skipped where this machine cannot run them.
             match job.communicator(choice) {
-                Ok(comm) => measure_all(&comm, plan, &topology, &mut sink)?,
+                Ok(comm) => {
+                    if let Err(e) = measure_all(&comm, plan, &topology, &mut sink) {
+                        // Reported first (the root cause's record is the earliest), then the
+                        // others stop at once instead of waiting for this rank.
+                        comm_core::failure_record::report_failure(rank, &e);
+                        job.abort(&e);
+                        return Err(e);
+                    }
+                }
                 Err(e) if i == 0 => return Err(e),
                 Err(e) if rank == 0 => eprintln!(
                     "comm-bench: skipping --backend {}: {e}",
