@@ -7,12 +7,14 @@
 //! there is no GPU behind them), QOS `normal` and `boost_qos_dbg` (2 nodes, 30 minutes) and no
 //! other, reservations that must exist, a `module` that knows `cuda` and `nccl` only, and one
 //! account (another is refused). So the scripts run as a user submits them; the only things set
-//! from outside are the backend (`BACKEND=cpu`), where the build is (`BIN_DIR`), the output file
-//! and, to test other shapes, `--nodes`/`--ntasks-per-node`. slurm/README.md's interactive
+//! from outside are the backend (`BACKEND=cpu`), where the build is (`BIN_DIR`), where torch is
+//! (`TORCH_VENV`: the environment `scripts/torch-env.sh install` makes), the output file and, to
+//! test other shapes, `--nodes`/`--ntasks-per-node`. slurm/README.md's interactive
 //! recipe (salloc, then srun) runs here too, as written there.
 //!
 //! Without Slurm installed (or without root, which the daemons need) the test says it skipped,
-//! unless NCCL_WORKSHOP_REQUIRE_SLURM=1 (as `.ci/run` sets), where that is a failure.
+//! unless NCCL_WORKSHOP_REQUIRE_SLURM=1 (as `.ci/run` sets), where that is a failure; without
+//! torch the torchrun jobs are skipped the same way (NCCL_WORKSHOP_REQUIRE_TORCH=1).
 //! To add a script, add a [`Job`] to [`jobs`].
 
 use std::io::Write as _;
@@ -21,12 +23,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use test_support::backend::{self, Backend, Kind};
-use test_support::build;
-
-/// The one build command, as README.md shows it (and slurm/common.sh tells a job to run).
-const BUILD: &str = "cargo build --release";
+use test_support::build::{the_one_build, THE_BUILD as BUILD};
 use test_support::grid::{expect_cells, Grid, Rows};
 use test_support::process::Plainly;
+use test_support::torch;
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -299,6 +299,41 @@ fn jobs() -> Vec<Job> {
                 cpu_line(&c.output, "1 MB");
             },
         },
+        // One torchrun per node under srun (torch from the local environment that
+        // scripts/torch-env.sh makes), each starting 4 workers; c10d rendezvous on the first node.
+        Job {
+            name: "07-torchrun",
+            script: "slurm/07-torchrun.sbatch",
+            must_fail: false,
+            needs: &["02-allreduce"],
+            options: &[],
+            env: &[("TORCH_VENV", "@torch-venv")],
+            args: &["--len", "3"],
+            check: |c| {
+                let port = 20000 + c.job_id() % 20000;
+                let line = format!("on 2 node(s) (node[1-2]), 4 ranks per node, started by torchrun (c10d rendezvous at node1:{port})");
+                assert!(c.output.contains(&line), "{line:?}");
+                ranks_once(&c.output, 8);
+                allreduced(&c.output, 8, 3, "");
+            },
+        },
+        // The same with static rendezvous: each node's --node_rank from its own SLURM_NODEID.
+        Job {
+            name: "07-torchrun-static",
+            script: "slurm/07-torchrun.sbatch",
+            must_fail: false,
+            needs: &["02-allreduce"],
+            options: &[],
+            env: &[("TORCH_VENV", "@torch-venv"), ("RDZV", "static")],
+            args: &["--len", "3"],
+            check: |c| {
+                assert!(c
+                    .output
+                    .contains("started by torchrun (static rendezvous at node1:"));
+                ranks_once(&c.output, 8);
+                allreduced(&c.output, 8, 3, "");
+            },
+        },
         // A course's reservation, given the way the scripts document it (sbatch's own variables).
         Job {
             name: "00-hello-world-reservation",
@@ -406,6 +441,18 @@ fn hellos(output: &str, nodes: usize, per_node: usize, prefix: &str) {
         );
     }
     assert!(output.contains("backend: cpu (requested)"));
+}
+
+/// `Rank R using device: cpu:R` once for each of the `n` ranks.
+fn ranks_once(output: &str, n: usize) {
+    for rank in 0..n {
+        let line = format!("Rank {rank} using device: cpu:{rank}");
+        assert_eq!(
+            output.lines().filter(|l| *l == line).count(),
+            1,
+            "{line:?} once"
+        );
+    }
 }
 
 /// Example 03's NCCL part is skipped under this Slurm, whose nodes share one machine: where
@@ -599,36 +646,6 @@ fn free_port() -> u16 {
     comm_core::spawn::free_port().unwrap()
 }
 
-/// Runs README.md's build command, as a user would before submitting, in this test's target
-/// folder; returns where it puts the binaries (`target/release`, the scripts' default BIN_DIR).
-fn build_as_the_readme_says() -> PathBuf {
-    let readme = std::fs::read_to_string(Path::new(REPO).join("README.md")).unwrap();
-    assert!(
-        readme.contains(&format!("\n{BUILD}\n")),
-        "README.md does not show `{BUILD}`"
-    );
-    let common = std::fs::read_to_string(Path::new(REPO).join("slurm/common.sh")).unwrap();
-    assert!(
-        common.contains(&format!("BUILD_COMMAND=\"{BUILD}\"")),
-        "slurm/common.sh tells jobs another build command than `{BUILD}`"
-    );
-    let target = build::profile_dir()
-        .parent()
-        .expect("the target folder")
-        .to_path_buf();
-    let mut words = BUILD.split_whitespace();
-    assert_eq!(words.next(), Some("cargo"));
-    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cargo
-        .args(words)
-        .arg("--quiet")
-        .env("CARGO_TARGET_DIR", &target)
-        .current_dir(REPO);
-    let status = cargo.status().unwrap();
-    assert!(status.success(), "{cargo:?} failed");
-    target.join("release")
-}
-
 /// slurm/README.md's interactive recipe as written there: the `salloc` line's options (its
 /// continuation lines joined) and the lines then typed in salloc's shell, up to `exit`, with the
 /// build's folder where the recipe says `target/release/`.
@@ -729,7 +746,7 @@ fn slurm_scripts_run_on_a_real_slurm() {
             );
         }
     }
-    let bin = build_as_the_readme_says();
+    let bin = the_one_build();
     for job in &jobs {
         for need in job.needs {
             let path = bin.join(need);
@@ -749,8 +766,25 @@ fn slurm_scripts_run_on_a_real_slurm() {
         std::fs::set_permissions(fake, executable).unwrap();
     }
 
+    // The torchrun jobs need torch (scripts/torch-env.sh install): skipped without it, unless
+    // NCCL_WORKSHOP_REQUIRE_TORCH=1.
+    let torch_venv = match torch::find() {
+        Ok(t) => Some(t.venv),
+        Err(why) => {
+            assert!(!torch::required(), "{}=1 but {why}", torch::REQUIRE);
+            None
+        }
+    };
     let mut ran = Vec::new();
     for job in &jobs {
+        let needs_torch = job.env.iter().any(|(_, v)| *v == "@torch-venv");
+        if needs_torch && torch_venv.is_none() {
+            say(&format!(
+                "skipped: job {}: no torch (bash scripts/torch-env.sh install)",
+                job.name
+            ));
+            continue;
+        }
         let dir = root.join(job.name);
         std::fs::create_dir_all(&dir).unwrap();
         let output_file = dir.join("job.out");
@@ -782,6 +816,7 @@ fn slurm_scripts_run_on_a_real_slurm() {
             match *value {
                 "@fake-nsys" => sbatch.env(name, &fake_nsys),
                 "@fake-ncu" => sbatch.env(name, &fake_ncu),
+                "@torch-venv" => sbatch.env(name, torch_venv.as_ref().expect("torch")),
                 _ => sbatch.env(name, value),
             };
         }
