@@ -7,8 +7,9 @@
 //! 1. Spawn: started plainly, the program re-executes itself once per rank with torchrun's
 //!    variables set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Under srun,
 //!    torchrun or commrun it is already one rank and skips this step.
-//! 2. Rendezvous: rank 0 serves a small key-value store at MASTER_ADDR:MASTER_PORT; every rank
-//!    connects to it, and that is how the ranks find each other.
+//! 2. Rendezvous: rank 0 serves a small key-value store at MASTER_ADDR:MASTER_PORT (under
+//!    torchrun, torchrun's agent on node 0 does); every rank connects to it, and that is how the
+//!    ranks find each other.
 //! 3. Communicator: the ranks exchange what their backend needs through the store (NCCL: rank
 //!    0's unique Id; CPU: every rank's address) and connect.
 //! 4. Device: one rank per GPU, `cuda:{local_rank % gpus}`; on the CPU backend, `cpu:{rank}`.
