@@ -235,13 +235,13 @@ fn ranks_that_disagree_on_the_world_size_all_stop_at_once() {
     }
     let dir = scratch("world-size");
     let port = comm_core::spawn::free_port().unwrap();
+    let test = "ranks_that_disagree_on_the_world_size_all_stop_at_once";
+    // Ranks 0 and 2 of 3 meet and wait for rank 1, who comes later, saying 4 ranks.
+    let mut ranks = by_hand(test, &[Some(3), None, Some(3)], port, &dir);
+    std::thread::sleep(Duration::from_secs(2));
     let started = Instant::now();
-    let ranks = by_hand(
-        "ranks_that_disagree_on_the_world_size_all_stop_at_once",
-        &[Some(3), Some(4), Some(3)],
-        port,
-        &dir,
-    );
+    ranks.extend(by_hand(test, &[None, Some(4)], port, &dir));
+    let pids: Vec<i32> = ranks.iter().map(|(_, r)| r.pid()).collect();
     let results: Vec<(usize, i32, String)> = ranks
         .into_iter()
         .map(|(rank, r)| {
@@ -261,9 +261,19 @@ fn ranks_that_disagree_on_the_world_size_all_stop_at_once() {
         assert!(!stderr.contains("panicked"), "{stderr}");
         assert_eq!(stderr.matches("error: ").count(), 1, "one line: {stderr}");
     }
-    assert!(comm_core::backend::cpu::shm::leftovers()
-        .iter()
-        .all(|name| !name.contains(&format!("-{port}-"))));
+    assert_no_segments_of(&pids);
+}
+
+/// No shared-memory segment of these processes is left (names are `ncw-<pid>-…`).
+fn assert_no_segments_of(pids: &[i32]) {
+    let left: Vec<String> = comm_core::backend::cpu::shm::leftovers()
+        .into_iter()
+        .filter(|name| {
+            pids.iter()
+                .any(|pid| name.starts_with(&format!("ncw-{pid}-")))
+        })
+        .collect();
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }
 
 #[test]
@@ -283,6 +293,7 @@ fn killing_the_rank_that_serves_the_store_stops_the_others_at_once() {
     std::thread::sleep(Duration::from_secs(1));
     let (_, rank0) = ranks.remove(0);
     let pids: Vec<i32> = ranks.iter().map(|(_, r)| r.pid()).collect();
+    let rank0_pid = rank0.pid();
     let killed = Instant::now();
     rank0.kill();
     for (rank, running) in ranks {
@@ -303,4 +314,6 @@ fn killing_the_rank_that_serves_the_store_stops_the_others_at_once() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
     assert_all_gone(&pids);
+    // Rank 0 could not clean up after itself; the others did it for it.
+    assert_no_segments_of(&[&pids[..], &[rank0_pid]].concat());
 }

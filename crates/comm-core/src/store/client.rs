@@ -366,7 +366,7 @@ impl Store {
     pub fn barrier(&self, name: &str) -> Result<()> {
         let generation = self.barriers.fetch_add(1, Ordering::SeqCst);
         let base = format!("barrier/{name}/{generation}");
-        self.set(&format!("{base}/rank/{}", self.rank), b"")?;
+        self.set(&format!("{base}/rank/{}", self.rank), b"here")?;
         let done = format!("{base}/done");
         if self.add(&format!("{base}/count"), 1)? == self.world_size as i64 {
             self.set(&done, b"")?;
@@ -393,16 +393,20 @@ impl Store {
         }
     }
 
-    /// Which of `keys` (one per rank, in rank order) are set: (ranks set, ranks not). One CHECK
-    /// per key, as CHECK answers for all its keys together.
+    /// Which of `keys` (one per rank, in rank order) are set: (ranks set, ranks not). One
+    /// MULTI_GET without a WAIT before it, which TCPStore answers with an empty value for a key
+    /// not set (so the keys asked about never hold an empty value).
     fn present(&self, keys: &[String]) -> Result<(Vec<usize>, Vec<usize>)> {
-        let (mut set, mut missing) = (Vec::new(), Vec::new());
-        for (rank, key) in keys.iter().enumerate() {
-            match self.check(&[key])? {
-                true => set.push(rank),
-                false => missing.push(rank),
-            }
-        }
+        let wired: Vec<String> = keys.iter().map(|k| self.wire(k)).collect();
+        let request = Encoder::command(query::MULTI_GET).keys(&wired);
+        let values = self.call("(who arrived)", |c| {
+            c.send(&request.0)?;
+            keys.iter()
+                .map(|_| c.bytes())
+                .collect::<std::io::Result<Vec<_>>>()
+        })?;
+        let (set, missing): (Vec<usize>, Vec<usize>) =
+            (0..keys.len()).partition(|&rank| !values[rank].is_empty());
         Ok((set, missing))
     }
 

@@ -36,9 +36,12 @@ use crate::streaming::{copy, Stores};
 
 pub use segment::leftovers;
 
-/// Unlinks the segments this process created and has not unlinked yet (it is about to exit).
+/// Unlinks the segments this process created and has not unlinked yet, and those of processes
+/// that died before unlinking theirs (a rank 0 killed with -9): for a rank about to exit because
+/// the job ended under it.
 pub fn remove_own_segments() {
     segment::remove_own();
+    segment::sweep_stale();
 }
 
 /// Spins before yielding, then yields before sleeping: short waits (a peer a slot behind) cost
