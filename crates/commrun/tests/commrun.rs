@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -18,27 +18,8 @@ use test_support::process::{
     assert_all_gone, scratch, start, wait_for_pid_files, Finished, Plainly, Running,
 };
 
-const COMMRUN: &str = env!("CARGO_BIN_EXE_commrun");
-
-fn commrun(args: &[&str]) -> Command {
-    let mut command = Command::new(COMMRUN);
-    command
-        .args(args)
-        .plainly()
-        .env_remove("OMP_NUM_THREADS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-fn run(args: &[&str]) -> Output {
-    commrun(args).output().unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+mod common;
+use common::{commrun, run, text};
 
 fn succeeds(args: &[&str]) -> String {
     let out = run(args);

@@ -4,35 +4,15 @@
 //! `RESTART_TEST_WORKER` set, the test function runs `comm_core::launch` instead of checking).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+
 use std::time::Duration;
 
 use clap::Parser;
 use comm_core::launch::{run_to_code, LaunchArgs};
-use test_support::process::{assert_all_gone, scratch, start, wait_for_pid_files, Plainly};
+use test_support::process::{assert_all_gone, scratch, start, wait_for_pid_files};
 
-const COMMRUN: &str = env!("CARGO_BIN_EXE_commrun");
-
-fn commrun(args: &[&str]) -> Command {
-    let mut command = Command::new(COMMRUN);
-    command
-        .args(args)
-        .plainly()
-        .env_remove("TORCHELASTIC_RESTART_COUNT")
-        .env_remove("TORCHELASTIC_MAX_RESTARTS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-fn run(args: &[&str]) -> Output {
-    commrun(args).output().unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+mod common;
+use common::{commrun, run, text};
 
 /// Runs commrun and checks its exit code; returns stdout and stderr.
 fn expect(code: i32, args: &[&str]) -> (String, String) {
