@@ -481,13 +481,14 @@ impl Communicator {
             return store.set(&key(self.rank), &row.encode());
         }
         let mut rows = vec![row];
-        for rank in 1..self.world_size {
-            let bytes = store.get(&key(rank))?;
-            store.delete(&key(rank))?;
+        let keys: Vec<String> = (1..self.world_size).map(key).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        for (rank, bytes) in (1..).zip(store.multi_get(&keys)?) {
             rows.push(crate::grid::Row::decode(&bytes).ok_or_else(|| {
                 CommError::Peer(format!("rank {rank} sent a malformed grid row"))
             })?);
         }
+        store.delete_all(&keys)?;
         crate::grid::print(title, &rows);
         Ok(())
     }

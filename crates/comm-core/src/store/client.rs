@@ -152,8 +152,14 @@ impl Store {
             }),
             watcher: None,
         };
+        // The watcher's connection is opened now and confirmed after joining, so that its
+        // round trip overlaps the joining ones.
+        let watcher = Conn::start(&endpoint, Duration::from_secs(5));
         membership::join(&store, who.run_id)?;
-        let watcher = connect_until(&endpoint, deadline).map_err(lost)?;
+        let watcher = match watcher.and_then(Conn::confirm) {
+            Ok(conn) => conn,
+            Err(_) => connect_until(&endpoint, deadline).map_err(lost)?,
+        };
         store.watcher = Some(store.start_watcher(watcher).map_err(lost)?);
         Ok(store)
     }
@@ -278,6 +284,9 @@ impl Store {
 
     /// Waits (up to the timeout) for every key, then returns their values in order.
     pub fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
         self.wait(keys)?;
         let wired: Vec<String> = keys.iter().map(|k| self.wire(k)).collect();
         let request = Encoder::command(query::MULTI_GET).keys(&wired);
@@ -334,6 +343,33 @@ impl Store {
         })
     }
 
+    /// Several COMPARE_SETs and then a CHECK, sent in one write and answered in order: one
+    /// round trip where one each would take four (how a rank joins, `membership.rs`).
+    pub(super) fn compare_sets_then_check(
+        &self,
+        sets: &[(&str, &[u8])],
+        check: &str,
+    ) -> Result<(Vec<Vec<u8>>, bool)> {
+        let mut request = Encoder::default();
+        for (key, desired) in sets {
+            self.check_value(key, desired)?;
+            request = request
+                .u8(query::COMPARE_SET)
+                .bytes(self.wire(key).as_bytes())
+                .bytes(b"")
+                .bytes(desired);
+        }
+        request = request.u8(query::CHECK).keys(&[self.wire(check)]);
+        self.call("joining", |c| {
+            c.send(&request.0)?;
+            let now = sets
+                .iter()
+                .map(|_| c.bytes())
+                .collect::<std::io::Result<_>>()?;
+            Ok((now, c.u8()? == wire::READY))
+        })
+    }
+
     /// Whether every key is set, without waiting.
     pub fn check(&self, keys: &[&str]) -> Result<bool> {
         let wired: Vec<String> = keys.iter().map(|k| self.wire(k)).collect();
@@ -350,6 +386,24 @@ impl Store {
         self.call(key, |c| {
             c.send(&request.0)?;
             Ok(c.i64()? > 0)
+        })
+    }
+
+    /// Removes every key, in one round trip; returns how many were there.
+    pub fn delete_all(&self, keys: &[&str]) -> Result<usize> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let mut request = Encoder::default();
+        for key in keys {
+            request = request
+                .u8(query::DELETE_KEY)
+                .bytes(self.wire(key).as_bytes());
+        }
+        self.call(&keys.join(", "), |c| {
+            c.send(&request.0)?;
+            keys.iter()
+                .try_fold(0, |n, _| Ok(n + (c.i64()? > 0) as usize))
         })
     }
 
@@ -570,6 +624,12 @@ struct Conn {
 impl Conn {
     /// Connects within `left`, validates and pings (the ping proves a TCPStore answers).
     fn open(endpoint: &str, left: Duration) -> std::io::Result<Conn> {
+        Conn::start(endpoint, left)?.confirm()
+    }
+
+    /// Connects within `left` and sends VALIDATE and a PING, without waiting for the answer:
+    /// [`Conn::confirm`] reads it, so the round trip can overlap other work.
+    fn start(endpoint: &str, left: Duration) -> std::io::Result<Conn> {
         let left = left.clamp(Duration::from_millis(50), Duration::from_secs(5));
         let addr = endpoint.to_socket_addrs()?.next().ok_or_else(|| {
             std::io::Error::new(ErrorKind::NotFound, format!("{endpoint} has no address"))
@@ -587,23 +647,25 @@ impl Conn {
         stream.set_read_timeout(Some(left))?;
         let reader = BufReader::new(stream.try_clone()?);
         let mut conn = Conn { stream, reader };
-        let nonce = std::process::id();
         let hello = Encoder::command(query::VALIDATE)
             .u32(wire::VALIDATION_MAGIC)
             .u8(query::PING)
-            .u32(nonce);
-        conn.send(&hello.0)?;
-        match conn.u32() {
-            Ok(echo) if echo == nonce => Ok(conn),
+            .u32(std::process::id());
+        match conn.send(&hello.0) {
+            Err(e) if closed(&e) => Err(closed_at_once()),
+            sent => sent.map(|()| conn),
+        }
+    }
+
+    /// Reads the answer to [`Conn::start`]'s PING.
+    fn confirm(mut self) -> std::io::Result<Conn> {
+        match self.u32() {
+            Ok(echo) if echo == std::process::id() => Ok(self),
             Ok(_) => Err(std::io::Error::new(
                 ErrorKind::InvalidData,
                 "what answers there is not a TCPStore (its ping came back wrong)",
             )),
-            Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err(std::io::Error::new(
-                ErrorKind::ConnectionAborted,
-                "the store closed the connection at once (it closes connections over its bound \
-                 of open connections, and says so in rank 0's output)",
-            )),
+            Err(e) if closed(&e) => Err(closed_at_once()),
             Err(e) => Err(e),
         }
     }
@@ -625,7 +687,7 @@ impl Conn {
                 ErrorKind::InvalidData,
                 "the store's ping came back wrong",
             )),
-            Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err(std::io::Error::new(
+            Err(e) if closed(&e) => Err(std::io::Error::new(
                 ErrorKind::ConnectionAborted,
                 "the store closed the connection after this request (over one of its bounds? \
                  rank 0's output says which)",
@@ -699,6 +761,24 @@ impl Conn {
         }
         Ok(value)
     }
+}
+
+/// The store closed a new connection before answering its ping.
+fn closed_at_once() -> std::io::Error {
+    std::io::Error::new(
+        ErrorKind::ConnectionAborted,
+        "the store closed the connection at once (it closes connections over its bound of open \
+         connections, and says so in rank 0's output)",
+    )
+}
+
+/// Whether `e` says the other end closed the connection (a close, or a reset when it closed
+/// without reading what we sent).
+fn closed(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe
+    )
 }
 
 /// Connects, validates and pings, retrying with a growing pause until `deadline`.

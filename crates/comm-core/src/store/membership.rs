@@ -48,8 +48,10 @@ pub fn seed(world_size: usize, run_id: Option<&str>) -> Vec<(String, Vec<u8>)> {
     facts
 }
 
-/// Checks this rank's run, world size and rank against the job's; on a refusal that is the job's
-/// own business (size, duplicate) tells every rank through the abort key.
+/// Checks this rank's run, world size and rank against the job's; on a refusal that is the
+/// job's own business (size, duplicate) tells every rank through the abort key. Two round trips:
+/// the run id first (a rank of another run must claim nothing in this job), then the other two
+/// COMPARE_SETs and a CHECK of the abort key together.
 pub(super) fn join(store: &Store, run_id: Option<&str>) -> Result<()> {
     let (rank, world_size) = (store.rank(), store.world_size());
     let endpoint = store.endpoint().to_string();
@@ -64,9 +66,19 @@ pub(super) fn join(store: &Store, run_id: Option<&str>) -> Result<()> {
             });
         }
     }
-    let ours = world_size.to_string();
-    let theirs = store.compare_set(WORLD_SIZE_KEY, b"", ours.as_bytes())?;
-    if theirs != ours.as_bytes() {
+    let world = world_size.to_string();
+    let me = format!("{} (pid {})", store.local_addr(), std::process::id());
+    let claim = rank_key(rank);
+    let facts: [(&str, &[u8]); 2] = [(WORLD_SIZE_KEY, world.as_bytes()), (&claim, me.as_bytes())];
+    let (now, ended) = store.compare_sets_then_check(&facts, ABORT_KEY)?;
+    if ended {
+        // A rank arriving after the job was ended hears why, whatever else it finds.
+        let why = store.get_within(ABORT_KEY, Duration::from_secs(5))?;
+        return Err(reason(rank, &why));
+    }
+    let mut now = now.into_iter();
+    let theirs = now.next().unwrap_or_default();
+    if theirs != world.as_bytes() {
         let store_world_size = String::from_utf8_lossy(&theirs).trim().parse().unwrap_or(0);
         return Err(abort_with(
             store,
@@ -79,8 +91,7 @@ pub(super) fn join(store: &Store, run_id: Option<&str>) -> Result<()> {
             },
         ));
     }
-    let me = format!("{} (pid {})", store.local_addr(), std::process::id());
-    let holder = store.compare_set(&rank_key(rank), b"", me.as_bytes())?;
+    let holder = now.next().unwrap_or_default();
     if holder != me.as_bytes() {
         let first_from = String::from_utf8_lossy(&holder).into_owned();
         return Err(abort_with(
@@ -92,11 +103,7 @@ pub(super) fn join(store: &Store, run_id: Option<&str>) -> Result<()> {
             },
         ));
     }
-    // A rank arriving after the job was ended hears so now.
-    match aborted(store)? {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    Ok(())
 }
 
 /// Writes `error` as the job's reason to stop (if none is there yet) and returns it.
@@ -113,17 +120,6 @@ pub fn abort(store: &Store, error: &CommError) {
     }
     let reason = format!("{}\n{error}", store.rank());
     let _ = store.compare_set(ABORT_KEY, b"", reason.as_bytes());
-}
-
-/// The job's reason to stop, if a rank wrote one.
-pub(super) fn aborted(store: &Store) -> Result<Option<CommError>> {
-    if !store.check(&[ABORT_KEY])? {
-        return Ok(None);
-    }
-    Ok(Some(reason(
-        store.rank(),
-        &store.get_within(ABORT_KEY, Duration::from_secs(5))?,
-    )))
 }
 
 /// The abort key's value as the error rank `rank` stops with.

@@ -433,9 +433,12 @@ fn connect_lower(
 ) -> Setup<Vec<(usize, TcpStream)>> {
     let rank = ours.rank;
     let mut streams = Vec::with_capacity(rank);
-    for peer in 0..rank {
-        let addr =
-            String::from_utf8_lossy(&store.get(&format!("{prefix}/addr/{peer}"))?).into_owned();
+    let keys: Vec<String> = (0..rank)
+        .map(|peer| format!("{prefix}/addr/{peer}"))
+        .collect();
+    let addrs = store.multi_get(&keys.iter().map(String::as_str).collect::<Vec<_>>())?;
+    for (peer, addr) in addrs.into_iter().enumerate() {
+        let addr = String::from_utf8_lossy(&addr).into_owned();
         let addr: SocketAddr = addr.parse().map_err(|_| {
             CommError::Peer(format!("rank {peer} published a bad address {addr:?}"))
         })?;

@@ -325,9 +325,9 @@ fn host_ranks(store: &Store, prefix: &str, rank: usize) -> Result<Vec<usize>> {
     store.set(&format!("{host}/{seat}"), rank.to_string().as_bytes())?;
     store.barrier(&format!("{prefix}/hosts"))?;
     let count = store.add(&format!("{host}/count"), 0)?;
+    let seats: Vec<String> = (0..count).map(|seat| format!("{host}/{seat}")).collect();
     let mut ranks = Vec::new();
-    for seat in 0..count {
-        let value = store.get(&format!("{host}/{seat}"))?;
+    for value in store.multi_get(&seats.iter().map(String::as_str).collect::<Vec<_>>())? {
         let peer = String::from_utf8_lossy(&value)
             .parse::<usize>()
             .map_err(|_| CommError::Peer(format!("a rank signed in under {host} as {value:?}")))?;
@@ -380,8 +380,12 @@ fn share_memory(store: &Store, prefix: &str, rank: usize, peers: &[usize]) -> Re
     store.set(&format!("{prefix}/inbox/{rank}"), published.as_bytes())?;
 
     let mut opened = Vec::new();
-    for &peer in peers {
-        let value = store.get(&format!("{prefix}/inbox/{peer}"))?;
+    let inboxes: Vec<String> = peers
+        .iter()
+        .map(|p| format!("{prefix}/inbox/{p}"))
+        .collect();
+    let published = store.multi_get(&inboxes.iter().map(String::as_str).collect::<Vec<_>>())?;
+    for (&peer, value) in peers.iter().zip(published) {
         let value = String::from_utf8_lossy(&value);
         let Some((name, token)) = value
             .split_once(' ')
@@ -410,8 +414,12 @@ fn share_memory(store: &Store, prefix: &str, rank: usize, peers: &[usize]) -> Re
 
     let mut mapped = Vec::new();
     let mut segments = Vec::new();
-    for (peer, segment, inbox) in opened {
-        let theirs = store.get(&format!("{prefix}/mapped/{peer}"))?;
+    let keys: Vec<String> = opened
+        .iter()
+        .map(|(peer, ..)| format!("{prefix}/mapped/{peer}"))
+        .collect();
+    let answers = store.multi_get(&keys.iter().map(String::as_str).collect::<Vec<_>>())?;
+    for ((peer, segment, inbox), theirs) in opened.into_iter().zip(answers) {
         let mapped_us = String::from_utf8_lossy(&theirs)
             .split(',')
             .any(|r| r == rank.to_string());
