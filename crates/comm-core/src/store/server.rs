@@ -74,6 +74,8 @@ impl StoreLimits {
 struct Stats {
     open_connections: usize,
     stored_bytes: usize,
+    /// Keys some connection waits for.
+    awaited_keys: usize,
 }
 
 struct Shared {
@@ -216,6 +218,12 @@ impl StoreServer {
         self.shared.stats.lock().unwrap().stored_bytes
     }
 
+    /// Keys some connection waits for now (the waiter lists hold only live waits).
+    #[cfg(test)]
+    pub(crate) fn awaited_keys(&self) -> usize {
+        self.shared.stats.lock().unwrap().awaited_keys
+    }
+
     /// Waits until every client has disconnected, so rank 0 does not take the store away while
     /// another rank still waits for an answer. Returns false if some were still connected at the
     /// timeout.
@@ -256,7 +264,8 @@ struct Connection {
     output: Vec<u8>,
     /// Until it validates: when it is dropped for silence.
     hello_deadline: Option<Instant>,
-    /// Keys of its pending WAIT not yet set.
+    /// The keys of its pending WAIT, and how many of them are not set yet (0: no WAIT pending).
+    awaiting: Vec<String>,
     awaited: usize,
 }
 
@@ -403,6 +412,7 @@ impl Server {
                     input: Vec::new(),
                     output: Vec::new(),
                     hello_deadline: Some(Instant::now() + self.limits.hello_timeout),
+                    awaiting: Vec::new(),
                     awaited: 0,
                 },
             );
@@ -575,11 +585,7 @@ impl Server {
                 }
             }
             Command::CancelWait => {
-                // The waiter lists forget it lazily: `wake_waiters` skips a connection that
-                // no longer waits.
-                if let Some(conn) = self.connections.get_mut(&id) {
-                    conn.awaited = 0;
-                }
+                self.forget_wait(id);
                 self.reply(id, Encoder::default().u8(wire::WAIT_CANCELED));
             }
         }
@@ -617,8 +623,10 @@ impl Server {
         Ok(())
     }
 
-    /// WAIT: answered now if every key is set, else when the last one is.
+    /// WAIT: answered now if every key is set, else when the last one is. A connection waits
+    /// for one WAIT at a time (its client is blocked on it); a new one replaces the old.
     fn wait(&mut self, id: u64, keys: Vec<String>) {
+        self.forget_wait(id);
         let missing: Vec<String> = keys
             .into_iter()
             .filter(|k| !self.values.contains_key(k))
@@ -626,11 +634,29 @@ impl Server {
         if missing.is_empty() {
             return self.reply(id, Encoder::default().u8(wire::STOP_WAITING));
         }
+        for key in &missing {
+            self.waiters.entry(key.clone()).or_default().push(id);
+        }
         if let Some(conn) = self.connections.get_mut(&id) {
             conn.awaited = missing.len();
+            conn.awaiting = missing;
         }
-        for key in missing {
-            self.waiters.entry(key).or_default().push(id);
+    }
+
+    /// Withdraws the connection's pending WAIT (cancelled, replaced, or the connection closed),
+    /// so that the waiter lists hold only live waits however many come and go.
+    fn forget_wait(&mut self, id: u64) {
+        let Some(conn) = self.connections.get_mut(&id) else {
+            return;
+        };
+        conn.awaited = 0;
+        for key in std::mem::take(&mut conn.awaiting) {
+            if let Some(ids) = self.waiters.get_mut(&key) {
+                ids.retain(|&waiting| waiting != id);
+                if ids.is_empty() {
+                    self.waiters.remove(&key);
+                }
+            }
         }
     }
 
@@ -642,11 +668,9 @@ impl Server {
             let Some(conn) = self.connections.get_mut(&id) else {
                 continue;
             };
+            conn.awaited = conn.awaited.saturating_sub(1);
             if conn.awaited == 0 {
-                continue; // cancelled
-            }
-            conn.awaited -= 1;
-            if conn.awaited == 0 {
+                conn.awaiting.clear();
                 conn.output.push(wire::STOP_WAITING);
                 let _ = self.flush(id);
             }
@@ -654,6 +678,7 @@ impl Server {
     }
 
     fn close(&mut self, id: u64, why: Close) {
+        self.forget_wait(id);
         if let Some(conn) = self.connections.remove(&id) {
             if let Close::Refused(reason) = why {
                 let peer = conn.peer;
@@ -672,7 +697,7 @@ impl Server {
             .map(|(&id, _)| id)
             .collect();
         for id in silent {
-            self.connections.remove(&id);
+            self.close(id, Close::Gone);
         }
     }
 
@@ -681,6 +706,7 @@ impl Server {
         let before = stats.open_connections;
         stats.open_connections = self.connections.len();
         stats.stored_bytes = self.stored_bytes;
+        stats.awaited_keys = self.waiters.len();
         if stats.open_connections < before {
             self.shared.changed.notify_all();
         }

@@ -356,3 +356,50 @@ fn losing_the_store_ends_every_wait_at_once_naming_it() {
         "{err}"
     );
 }
+
+#[test]
+fn waits_that_are_cancelled_replaced_or_abandoned_leave_nothing_behind() {
+    // Room for the strangers' connections until the server has seen them close.
+    let server = StoreServer::bind(0, 100).unwrap();
+    // Strangers that WAIT for keys nobody sets, then vanish.
+    for i in 0..200 {
+        let mut stream = raw(&server);
+        let wait = Command::Wait {
+            keys: vec![format!("/never/{i}"), "/never/shared".into()],
+        };
+        stream.write_all(&wait.encode()).unwrap();
+    }
+    // One that waits, waits again for other keys, then cancels: one WAIT_CANCELED.
+    let mut stream = raw(&server);
+    for key in ["/a", "/b"] {
+        let wait = Command::Wait {
+            keys: vec![key.into()],
+        };
+        stream.write_all(&wait.encode()).unwrap();
+    }
+    stream.write_all(&Command::CancelWait.encode()).unwrap();
+    let mut answer = [0u8; 1];
+    stream.read_exact(&mut answer).unwrap();
+    assert_eq!(answer[0], wire::WAIT_CANCELED);
+    // A set of a key once waited for wakes nobody: nothing was left waiting on it.
+    let a = client(&server, 0, 100, 5000);
+    a.set("a", b"1").unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    assert!(stream.read(&mut answer).is_err(), "a stale STOP_WAITING");
+    // Only the client's own watcher still waits (for the job's abort key); then nobody.
+    assert_eq!(awaited_keys_settled(&server, 1), 1);
+    drop((stream, a));
+    assert_eq!(awaited_keys_settled(&server, 0), 0);
+}
+
+/// The server's count of awaited keys once it has come down to `expected` (the server sees
+/// closed connections a moment after they close), or after 5 s.
+fn awaited_keys_settled(server: &StoreServer, expected: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.awaited_keys() > expected && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    server.awaited_keys()
+}
