@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaSlice;
 
 use crate::backend::cpu::{CpuBackend, Transport};
-use crate::backend::nccl::NcclBackend;
+use crate::backend::nccl::{GroupSafe, NcclBackend};
 use crate::backend::{BackendKind, Device};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{CommError, Result};
@@ -24,7 +24,8 @@ pub struct Buffer<T: Element> {
 #[derive(Debug)]
 enum Repr<T: Element> {
     Host(Vec<T>),
-    Device(CudaSlice<T>),
+    /// Never freed inside an open NCCL group, whose kernels only run at its end.
+    Device(GroupSafe<T>),
 }
 
 impl<T: Element> Buffer<T> {
@@ -62,14 +63,14 @@ fn host_mut<T: Element>(buf: &mut Buffer<T>) -> Result<&mut [T]> {
 
 fn device<T: Element>(buf: &Buffer<T>) -> Result<&CudaSlice<T>> {
     match &buf.repr {
-        Repr::Device(d) => Ok(d),
+        Repr::Device(d) => Ok(&**d),
         Repr::Host(_) => Err(wrong_kind()),
     }
 }
 
 fn device_mut<T: Element>(buf: &mut Buffer<T>) -> Result<&mut CudaSlice<T>> {
     match &mut buf.repr {
-        Repr::Device(d) => Ok(d),
+        Repr::Device(d) => Ok(&mut **d),
         Repr::Host(_) => Err(wrong_kind()),
     }
 }
@@ -191,7 +192,7 @@ impl Communicator {
                 crate::memory::check_fits::<T>(values.len(), 1)?;
                 Repr::Host(values.to_vec())
             }
-            Engine::Nccl(nccl) => Repr::Device(nccl.upload(values)?),
+            Engine::Nccl(nccl) => Repr::Device(GroupSafe::new(nccl.upload(values)?)),
         };
         Ok(Buffer { repr })
     }
@@ -250,13 +251,25 @@ impl Communicator {
     /// between one `ncclGroupStart` and `ncclGroupEnd`, NCCL launches them together at the end,
     /// and they are waited for once after it (inside a [`batch`](Self::batch), not until the
     /// batch ends). Groups nest as NCCL's do. Inside a group the calls have not run yet, so
-    /// [`to_host`](Self::to_host) there is an error, and buffers the calls use must outlive the
-    /// group (make them before it). On the CPU backend it just runs `body`. Returns what `body`
+    /// [`to_host`](Self::to_host) there is an error; a buffer made and dropped inside the group
+    /// is freed only after the group's kernels are enqueued, so the calls never read freed
+    /// memory. On the CPU backend it just runs `body`. Returns what `body`
     /// returns, or the first error.
     pub fn group<R>(&self, body: impl FnOnce() -> Result<R>) -> Result<R> {
         match &self.engine {
             Engine::Cpu(_) => body(),
             Engine::Nccl(nccl) => nccl.group(body),
+        }
+    }
+
+    /// Ends the communicator cleanly once every rank is done with it: on NCCL a barrier, then
+    /// `ncclCommFinalize` (this rank's last operations flushed) and `ncclCommDestroy`, all under
+    /// the watchdog. Dropping a communicator without it skips the barrier (a peer may have failed)
+    /// and still finalizes; the CPU backend has nothing to flush.
+    pub fn close(self) -> Result<()> {
+        match &self.engine {
+            Engine::Cpu(_) => Ok(()),
+            Engine::Nccl(nccl) => nccl.close(),
         }
     }
 

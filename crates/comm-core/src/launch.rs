@@ -78,7 +78,12 @@ pub fn run_as(
     given: Option<Topology>,
     body: impl FnOnce(&Communicator) -> Result<()>,
 ) -> i32 {
-    run_job(args, given, |job| body(&job.communicator(args.backend)?))
+    run_job(args, given, |job| {
+        let comm = job.communicator(args.backend)?;
+        body(&comm)?;
+        // Every rank is done with it: NCCL's clean end (barrier, finalize, destroy).
+        comm.close()
+    })
 }
 
 /// Like [`run_as`], but hands the body the [`Job`], from which it builds its communicators

@@ -1,18 +1,20 @@
 //! The calls: one rank's communicator, its GPU and stream, and every collective enqueued on
 //! that stream and waited for under the watchdog.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result, sys};
 
 use super::batch::{Batching, Wait};
 use super::errors::{cuda, nccl};
+use super::group_safe;
 use super::id::{id_from_bytes, new_unique_id};
 use super::init::init_rank;
 use super::probe::quietly;
-use super::watchdog::{async_state, watch, Look};
+use super::watchdog::{self, async_state, Watchdog};
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::store::Store;
@@ -40,17 +42,65 @@ fn red_op(op: ReduceOp) -> sys::ncclRedOp_t {
     }
 }
 
-/// One rank's NCCL communicator, its GPU and stream.
+/// One rank's NCCL communicator (a blocking one: calls are enqueued on this thread), its GPU
+/// and its one stream.
 pub struct NcclBackend {
     stream: Arc<CudaStream>,
     comm: sys::ncclComm_t,
     rank: usize,
     world_size: usize,
-    timeout: Duration,
-    aborted: std::cell::Cell<bool>,
+    /// Whether the communicator may still be used, and who frees it (this thread or the
+    /// watchdog's, once).
+    lifeline: Arc<Lifeline>,
+    /// Watches every call in flight; aborts the communicator when one outlives the timeout.
+    watchdog: Watchdog,
+    /// Recorded after the calls waited for, and reused: one event, not one per wait.
+    done: CudaEvent,
     /// Batches and groups this rank is in: when calls are waited for.
     batching: std::cell::Cell<Batching>,
 }
+
+/// A communicator's life, shared with the watchdog's thread, which may abort it.
+struct Lifeline {
+    comm: sys::ncclComm_t,
+    /// Cleared at the first abort, finalize or failure: no call may reach NCCL after.
+    usable: AtomicBool,
+    /// Whether NCCL has not freed it yet: abort and destroy take this lock, so exactly one of
+    /// them frees it, once.
+    live: std::sync::Mutex<bool>,
+}
+
+// SAFETY: ncclCommAbort may be called from another thread than the one using the communicator
+// (that is what it is for, as PyTorch's watchdog does); `live` makes the free happen once, and
+// after `usable` is cleared no call reaches the communicator (check_usable).
+unsafe impl Send for Lifeline {}
+// SAFETY: as above: all that is shared is the handle, behind the flag and the lock.
+unsafe impl Sync for Lifeline {}
+
+impl Lifeline {
+    fn abort(&self) {
+        self.usable.store(false, Ordering::SeqCst);
+        let mut live = self.live.lock().unwrap();
+        if std::mem::replace(&mut *live, false) {
+            // SAFETY: a communicator NCCL has not freed (`live`), freed once under the lock.
+            let _ = unsafe { result::comm_abort(self.comm) };
+        }
+    }
+
+    fn destroy(&self) -> Result<()> {
+        let mut live = self.live.lock().unwrap();
+        if !std::mem::replace(&mut *live, false) {
+            return Ok(());
+        }
+        // SAFETY: as in `abort`; after a finalize that completed.
+        unsafe { result::comm_destroy(self.comm) }
+            .map(|_| ())
+            .map_err(nccl("ncclCommDestroy"))
+    }
+}
+
+/// How long a rank stuck inside NCCL after the watchdog's abort gets before the process ends.
+const STUCK_GRACE: Duration = Duration::from_secs(2);
 
 impl NcclBackend {
     /// Binds this rank to its GPU and builds the communicator through the store.
@@ -64,6 +114,11 @@ impl NcclBackend {
         let ctx = quietly(|| CudaContext::new(ordinal))
             .map_err(|p| CommError::Backend(format!("CUDA did not load: {p}")))?
             .map_err(cuda(&format!("opening cuda:{ordinal}")))?;
+        // SAFETY: cudarc's per-buffer events order uses across streams; this rank has one stream
+        // (every buffer is made, used by NCCL, copied and freed on it, in order; NCCL orders its
+        // own internal streams against it), so they only cost time. Off before the stream is
+        // made, so that no buffer of this context tracks them.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(cuda("creating a stream"))?;
         // ANCHOR: unique_id
         let id = if rank == 0 {
@@ -76,15 +131,40 @@ impl NcclBackend {
         // Everyone has the Id and is alive before NCCL's own init starts.
         store.barrier(&format!("{prefix}/init"))?;
         ctx.bind_to_thread().map_err(cuda("binding the context"))?;
-        let comm = init_rank(world_size, id, rank, store.timeout())?;
+        let comm = init_rank(&ctx, world_size, id, rank, store.timeout())?;
         // ANCHOR_END: unique_id
+        let lifeline = Arc::new(Lifeline {
+            comm,
+            usable: AtomicBool::new(true),
+            live: std::sync::Mutex::new(true),
+        });
+        let watched = lifeline.clone();
+        let watchdog = Watchdog::start(
+            store.timeout(),
+            STUCK_GRACE,
+            Box::new(move || watched.abort()),
+            Box::new(move |what| stuck(rank, what)),
+        );
+        let done = ctx.new_event(None);
+        let (watchdog, done) = match (watchdog, done) {
+            (Ok(watchdog), Ok(done)) => (watchdog, done),
+            (watchdog, done) => {
+                lifeline.abort();
+                return Err(match (watchdog, done) {
+                    (Err(e), _) => CommError::io("starting the NCCL watchdog", e),
+                    (_, Err(e)) => cuda("creating an event")(e),
+                    _ => unreachable!("one of them failed"),
+                });
+            }
+        };
         Ok(NcclBackend {
             stream,
             comm,
             rank,
             world_size,
-            timeout: store.timeout(),
-            aborted: std::cell::Cell::new(false),
+            lifeline,
+            watchdog,
+            done,
             batching: std::cell::Cell::new(Batching::default()),
         })
     }
@@ -94,7 +174,7 @@ impl NcclBackend {
     }
 
     fn check_usable(&self) -> Result<()> {
-        if self.aborted.get() {
+        if !self.lifeline.usable.load(Ordering::SeqCst) {
             return Err(CommError::Backend(
                 "the NCCL communicator was aborted after an earlier failure".into(),
             ));
@@ -102,36 +182,54 @@ impl NcclBackend {
         Ok(())
     }
 
-    /// Waits for the work enqueued so far: first for NCCL to finish enqueuing it (a nonblocking
-    /// communicator may still be connecting), then, if `gpu`, for the GPU to finish it, watching
-    /// for NCCL and CUDA errors and the timeout all the while.
+    /// Waits for the work enqueued so far. On a blocking communicator a call returns once it is
+    /// enqueued, so only the GPU is waited for (`gpu`): an event recorded after the work, looked
+    /// at without ever sleeping, and NCCL's asynchronous errors now and then. The watchdog,
+    /// shown the call, aborts the communicator if it outlives the timeout; the loop sees that
+    /// and fails. The caller arms the watchdog (around the enqueue too).
     fn wait(&self, what: &str, gpu: bool) -> Result<()> {
-        let mut done = None;
-        let mut look = || -> Result<Look> {
-            if async_state(self.comm).map_err(nccl(what))? == Look::Busy {
-                return Ok(Look::Busy);
+        if !gpu {
+            return self.check_async(what);
+        }
+        self.done
+            .record(&self.stream)
+            .map_err(cuda("recording an event"))?;
+        let started = Instant::now();
+        for look in 0u64.. {
+            if self.watchdog.fired() {
+                return Err(self.timed_out(what));
             }
-            if !gpu {
-                return Ok(Look::Done);
+            if self.done.try_is_complete().map_err(cuda(what))? {
+                return self.check_async(what);
             }
-            let event = match &done {
-                Some(event) => event,
-                None => done.insert(
-                    self.stream
-                        .record_event(None)
-                        .map_err(cuda("recording an event"))?,
-                ),
-            };
-            let complete = event.try_is_complete().map_err(cuda(what))?;
-            Ok(if complete { Look::Done } else { Look::Busy })
-        };
-        watch(
-            &format!("NCCL {what} on rank {} to complete", self.rank),
-            " (a peer died or is stuck?); the communicator was aborted",
-            self.timeout,
-            &mut look,
-            || self.abort(),
-        )
+            // NCCL's own errors (a peer's network failure) show here, not in the event.
+            if look % 1024 == 1023 {
+                self.check_async(what)?;
+            }
+            watchdog::take(watchdog::pause(started.elapsed()));
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// NCCL's asynchronous error, if any: the communicator is aborted and the error returned.
+    fn check_async(&self, what: &str) -> Result<()> {
+        match async_state(self.comm) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.abort();
+                Err(nccl(what)(e))
+            }
+        }
+    }
+
+    /// The error of a call the watchdog gave up on.
+    fn timed_out(&self, what: &str) -> CommError {
+        CommError::Timeout {
+            what: format!("NCCL {what} on rank {} to complete", self.rank),
+            timeout: self.watchdog.timeout(),
+            detail: " (a peer died or is stuck?); the communicator was aborted".into(),
+            missing: Vec::new(),
+        }
     }
 
     /// Waits as the batching says: `what` names the call, or the batch or group.
@@ -139,7 +237,7 @@ impl NcclBackend {
         match wait {
             Wait::Nothing => Ok(()),
             // An aborted communicator is gone (no look at it is allowed), and so is its work.
-            _ if self.aborted.get() => self.check_usable(),
+            _ if !self.lifeline.usable.load(Ordering::SeqCst) => self.check_usable(),
             Wait::Enqueued => self.wait(what, false),
             Wait::Finished { calls: 1 } => self.wait(what, true),
             Wait::Finished { calls } => self.wait(&format!("{what} ({calls} calls)"), true),
@@ -166,6 +264,7 @@ impl NcclBackend {
         let out = body();
         std::mem::forget(unwinding);
         let wait = self.batching(Batching::end_batch);
+        let _watched = self.watchdog.arm("batch");
         let waited = self.settle(wait, "batch");
         out.and_then(|value| waited.map(|_| value))
     }
@@ -174,9 +273,13 @@ impl NcclBackend {
     /// the end, and they are waited for once after ncclGroupEnd (only until enqueued inside a
     /// batch, which waits at its own end). ncclGroupEnd is called whether `body` succeeded or
     /// not.
+    ///
+    /// Buffers dropped inside `body` are freed only after ncclGroupEnd has enqueued the
+    /// group's kernels ([`group_safe`]): a kernel never reads freed memory.
     pub(crate) fn group<R>(&self, body: impl FnOnce() -> Result<R>) -> Result<R> {
         self.check_usable()?;
         result::group_start().map_err(nccl("ncclGroupStart"))?;
+        group_safe::open();
         self.batching(Batching::begin_group);
         let unwinding = AbortOnUnwind {
             backend: self,
@@ -185,7 +288,10 @@ impl NcclBackend {
         let out = body();
         std::mem::forget(unwinding);
         let wait = self.batching(Batching::end_group);
-        let waited = match result::group_end() {
+        let _watched = self.watchdog.arm("group");
+        let ended = result::group_end();
+        group_safe::close();
+        let waited = match ended {
             Ok(_) => self.settle(wait, "group"),
             Err(e) => {
                 // Some of the group's calls may be in flight and nobody will watch them.
@@ -197,10 +303,7 @@ impl NcclBackend {
     }
 
     fn abort(&self) {
-        if !self.aborted.replace(true) {
-            // SAFETY: aborting a live communicator once; later calls see `aborted`.
-            let _ = unsafe { result::comm_abort(self.comm) };
-        }
+        self.lifeline.abort();
     }
 
     /// Copies host values into a new buffer on this rank's GPU.
@@ -219,6 +322,7 @@ impl NcclBackend {
                 "to_host inside a group: the group's calls only run when it ends".into(),
             )
         })?;
+        let _watched = self.watchdog.arm("the calls before a download");
         self.settle(wait, "the calls before a download")?;
         self.stream
             .clone_dtoh(buf)
@@ -236,7 +340,16 @@ impl NcclBackend {
         ) -> std::result::Result<result::NcclStatus, result::NcclError>,
     ) -> Result<()> {
         self.check_usable()?;
-        launch(self.comm, self.cu_stream()).map_err(nccl(what))?;
+        // Watched from before the launch: a blocking call can hang in NCCL's connection setup.
+        let _watched = self.watchdog.arm(what);
+        let launched = launch(self.comm, self.cu_stream());
+        if self.watchdog.fired() {
+            return Err(self.timed_out(what));
+        }
+        if let Err(e) = launched {
+            self.abort();
+            return Err(nccl(what)(e));
+        }
         let wait = self.batching(Batching::called);
         self.settle(wait, what)
     }
@@ -564,6 +677,7 @@ impl Drop for AbortOnUnwind<'_> {
         let backend = self.backend;
         let end = if self.group {
             let _ = result::group_end();
+            group_safe::close();
             Batching::end_group
         } else {
             Batching::end_batch
@@ -574,14 +688,66 @@ impl Drop for AbortOnUnwind<'_> {
     }
 }
 
-impl Drop for NcclBackend {
-    fn drop(&mut self) {
-        if !self.aborted.get() {
-            // SAFETY: a live communicator, destroyed once. Abort, not finalize: finalize waits
-            // for peers, which must never hang an exiting rank.
-            let _ = unsafe { result::comm_abort(self.comm) };
+impl NcclBackend {
+    /// Ends the communicator as NCCL means it to end: every rank reaches a device barrier (no
+    /// peer still sends to this one), `ncclCommFinalize` flushes this rank's operations (its last
+    /// sends across InfiniBand included), `ncclCommDestroy` frees it. Under the watchdog: past
+    /// the timeout the communicator is aborted instead.
+    pub(crate) fn close(&self) -> Result<()> {
+        self.check_usable()?;
+        self.barrier()?;
+        self.finalize()
+    }
+
+    /// `ncclCommFinalize` then `ncclCommDestroy`, or an abort if finalize fails or outlives the
+    /// timeout (the watchdog's). Once: from the start nothing else may use the communicator.
+    fn finalize(&self) -> Result<()> {
+        if !self.lifeline.usable.swap(false, Ordering::SeqCst) {
+            return Ok(()); // aborted or finalized already
+        }
+        let watched = self.watchdog.arm("ncclCommFinalize");
+        // SAFETY: a live communicator (it was usable), finalized once; on a blocking one,
+        // finalize returns once this rank's operations are flushed. The watchdog may abort it
+        // meanwhile, which is what unblocks a finalize that waits on a dead peer.
+        let finalized = unsafe { result::comm_finalize(self.comm) };
+        drop(watched);
+        if self.watchdog.fired() {
+            return Err(self.timed_out("ncclCommFinalize"));
+        }
+        match finalized {
+            Ok(_) => self.lifeline.destroy(),
+            Err(e) => {
+                self.abort();
+                Err(nccl("ncclCommFinalize")(e))
+            }
         }
     }
+}
+
+impl Drop for NcclBackend {
+    /// Without [`NcclBackend::close`] (an error ended the rank's work, or the program did not
+    /// close): no barrier, which could wait on a peer that failed; finalize and destroy, or
+    /// abort, under the watchdog.
+    fn drop(&mut self) {
+        if let Err(e) = self.finalize() {
+            eprintln!("warning: rank {}: NCCL teardown: {e}", self.rank);
+        }
+    }
+}
+
+/// A rank still inside NCCL `STUCK_GRACE` after the watchdog aborted its communicator: only the
+/// process's end frees it. Reports why, as a failed rank does, and exits.
+fn stuck(rank: usize, what: &str) {
+    let error = CommError::Timeout {
+        what: format!("{what} on rank {rank}"),
+        timeout: STUCK_GRACE,
+        detail: " after the watchdog aborted the communicator (a peer died or is stuck?); \
+                 the rank is still inside NCCL and the process ends"
+            .into(),
+        missing: Vec::new(),
+    };
+    let code = crate::failure_record::report_failure(rank, &error);
+    std::process::exit(code);
 }
 
 #[cfg(test)]

@@ -1,20 +1,29 @@
-//! The communicator comes up: `ncclCommInitRank`, the nonblocking way where NCCL has it, under
-//! the watchdog.
+//! The communicator comes up: `ncclCommInitRankConfig` with `blocking = 1`, on a thread of its
+//! own, while the rank waits for it at most the timeout.
+//!
+//! Why blocking: on a nonblocking communicator, NCCL 2.23 and later run every group end (each
+//! collective is an implicit group) on a new thread and answer `ncclInProgress`; every call then
+//! pays a thread's start and join. A blocking communicator enqueues on the caller's thread. Its
+//! init cannot be aborted from outside (the handle arrives only when it returns), so it runs on a
+//! thread of its own, once: if it outlives the timeout (a rank never came), the rank fails with a
+//! timeout and exits, and the thread stuck in NCCL goes with the process.
 
+use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::Duration;
 
+use cudarc::driver::CudaContext;
 use cudarc::nccl::{result, sys};
 
 use super::errors::nccl;
-use super::watchdog::{async_state, watch};
-use crate::error::Result;
+use crate::error::{CommError, Result};
 
-/// The first NCCL with nonblocking communicators (`ncclCommInitRankConfig`, `blocking = 0`).
-const NONBLOCKING_SINCE: i32 = 21400;
+/// The first NCCL with communicator configs (`ncclCommInitRankConfig`).
+const CONFIG_SINCE: i32 = 21400;
 
-/// NCCL_CONFIG_INITIALIZER with `blocking = 0`: every call returns at once and reports its
-/// progress through ncclCommGetAsyncError, so init, too, can be watched and aborted.
-fn nonblocking_config() -> sys::ncclConfig_t {
+/// NCCL_CONFIG_INITIALIZER with `blocking = 1` said outright: NCCL_COMM_BLOCKING=0 in the
+/// environment cannot turn it into a nonblocking one behind our back.
+fn blocking_config() -> sys::ncclConfig_t {
     const UNDEF: i32 = i32::MIN; // NCCL_CONFIG_UNDEF_INT: "NCCL's default"
     sys::ncclConfig_t {
         size: std::mem::size_of::<sys::ncclConfig_t>(),
@@ -22,7 +31,7 @@ fn nonblocking_config() -> sys::ncclConfig_t {
         // The layout of cudarc's bindings (NCCL 2.30's header): NCCL copies `size` bytes at most
         // and takes fields newer than `version` as defaults, so older libraries read a prefix.
         version: 23000,
-        blocking: 0,
+        blocking: 1,
         cgaClusterSize: UNDEF,
         minCTAs: UNDEF,
         maxCTAs: UNDEF,
@@ -42,41 +51,67 @@ fn nonblocking_config() -> sys::ncclConfig_t {
     }
 }
 
-/// `ncclCommInitRank` under the watchdog: a rank that never joins (it died after the store's
-/// barrier) ends in a timeout and an abort, not a hang. NCCL older than 2.14 has no nonblocking
-/// init and is called the blocking way.
+/// A communicator handle on its way from the init thread.
+struct Handle(sys::ncclComm_t);
+// SAFETY: an NCCL communicator may be used from any thread, one at a time; the init thread hands
+// it over and never touches it again.
+unsafe impl Send for Handle {}
+
+/// Brings the communicator up on `ctx`'s GPU, within `timeout`. A failed init frees what it made
+/// (NCCL may hand out a communicator in an error state).
 pub(super) fn init_rank(
+    ctx: &Arc<CudaContext>,
     world_size: usize,
     id: sys::ncclUniqueId,
     rank: usize,
     timeout: Duration,
 ) -> Result<sys::ncclComm_t> {
-    let mut comm: sys::ncclComm_t = std::ptr::null_mut();
     let version = result::get_nccl_version().map_err(nccl("ncclGetVersion"))?;
-    if version < NONBLOCKING_SINCE {
-        // SAFETY: comm is written by NCCL on success; the Id came from ncclGetUniqueId.
-        unsafe { result::comm_init_rank(&mut comm, world_size as i32, id, rank as i32) }
-            .map_err(nccl("ncclCommInitRank"))?;
-        return Ok(comm);
+    let (done, outcome) = mpsc::channel();
+    let ctx = ctx.clone();
+    std::thread::Builder::new()
+        .name("nccl-init".into())
+        .spawn(move || {
+            let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+            let made = ctx
+                .bind_to_thread()
+                .map_err(|e| e.to_string())
+                .and_then(|()| {
+                    // SAFETY: comm is an out-pointer NCCL writes; the Id came from ncclGetUniqueId;
+                    // config outlives the call (NCCL copies it).
+                    unsafe {
+                        if version < CONFIG_SINCE {
+                            result::comm_init_rank(&mut comm, world_size as i32, id, rank as i32)
+                        } else {
+                            let mut config = blocking_config();
+                            let (n, r) = (world_size as i32, rank as i32);
+                            result::comm_init_rank_config(&mut comm, n, id, r, &mut config)
+                        }
+                    }
+                    .map(|_| ())
+                    .map_err(|e| nccl("ncclCommInitRankConfig")(e).to_string())
+                });
+            let _ = done.send((made, Handle(comm)));
+        })
+        .map_err(|e| CommError::io("starting NCCL's init thread", e))?;
+    match outcome.recv_timeout(timeout) {
+        Ok((Ok(()), Handle(comm))) => Ok(comm),
+        Ok((Err(why), Handle(comm))) => {
+            if !comm.is_null() {
+                // SAFETY: the communicator init handed out, never used; aborted once.
+                let _ = unsafe { result::comm_abort(comm) };
+            }
+            Err(CommError::Backend(why))
+        }
+        Err(_) => Err(CommError::Timeout {
+            what: format!("NCCL's communicator on rank {rank} of {world_size} to come up"),
+            timeout,
+            detail: " (did every rank start? NCCL_DEBUG=INFO shows who connected); NCCL's \
+                     init is left stuck on its thread, and this rank exits"
+                .into(),
+            missing: Vec::new(),
+        }),
     }
-    let mut config = nonblocking_config();
-    // SAFETY: as above; config outlives the call (NCCL copies it).
-    unsafe {
-        result::comm_init_rank_config(&mut comm, world_size as i32, id, rank as i32, &mut config)
-    }
-    .map_err(nccl("ncclCommInitRankConfig"))?;
-    let mut look = || async_state(comm).map_err(nccl("ncclCommInitRankConfig"));
-    watch(
-        &format!("NCCL's communicator on rank {rank} of {world_size} to come up"),
-        " (did every rank start? NCCL_DEBUG=INFO shows who connected); it was aborted",
-        timeout,
-        &mut look,
-        // SAFETY: a communicator NCCL handed out, aborted once and never used again.
-        || unsafe {
-            let _ = result::comm_abort(comm);
-        },
-    )?;
-    Ok(comm)
 }
 
 #[cfg(test)]
@@ -84,11 +119,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_nonblocking_config_is_nccls_initializer_with_blocking_off() {
-        let config = nonblocking_config();
+    fn the_config_is_nccls_initializer_with_blocking_said_outright() {
+        let config = blocking_config();
         assert_eq!(config.size, std::mem::size_of::<sys::ncclConfig_t>());
-        assert_eq!((config.magic, config.blocking), (0xcafebeef, 0));
-        assert!(config.version as i32 >= NONBLOCKING_SINCE);
+        assert_eq!((config.magic, config.blocking), (0xcafebeef, 1));
+        assert!(config.version as i32 >= CONFIG_SINCE);
         assert_eq!((config.minCTAs, config.splitShare), (i32::MIN, i32::MIN));
         assert!(config.netName.is_null() && config.commName.is_null());
     }

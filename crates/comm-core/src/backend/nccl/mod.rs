@@ -6,20 +6,22 @@
 //! `ncclCommInitRank(world_size, id, rank)`. From then on NCCL talks GPU to GPU by itself (NVLink,
 //! PCIe, InfiniBand or TCP sockets; `NCCL_DEBUG=INFO` shows which).
 //!
-//! Every collective is enqueued on the rank's stream and then waited for. While waiting, a
-//! watchdog (like PyTorch's) polls NCCL for asynchronous errors and aborts the communicator when
-//! the call outlives the timeout, e.g. because a peer died: an error, never a hang.
+//! The communicator is a blocking one: every collective is enqueued on the rank's own thread and
+//! stream, then waited for on the GPU without sleeping. A watchdog thread (like PyTorch's) is
+//! shown each call and aborts the communicator when one outlives the timeout, e.g. because a peer
+//! died: an error, never a hang. Buffers dropped inside a group outlive its launch.
 //!
 //! The rooms, one concept each: `probe` (can NCCL run here?), `id` (the unique Id), `errors`
 //! (NCCL's and CUDA's errors as ours), `watchdog` (waiting without hanging), `init` (the
-//! communicator comes up), `calls` (the collectives, [`NcclBackend`]), `batch` (when calls are
-//! waited for), `device` (which GPU a rank uses, and that no two ranks share one) and
+//! communicator comes up), `calls` (the collectives, [`NcclBackend`], and its end), `batch` (when
+//! calls are waited for), `group_safe` (no buffer freed inside an open group), `device` (which GPU a rank uses, and that no two ranks share one) and
 //! [`library`] (finding libnccl).
 
 mod batch;
 mod calls;
 mod device;
 mod errors;
+mod group_safe;
 mod id;
 mod init;
 pub mod library;
@@ -29,5 +31,6 @@ mod watchdog;
 pub use calls::NcclBackend;
 pub use device::{bus_id, check_one_gpu_per_rank, device_for, shared_gpu, GpuSeat, SharedGpu};
 pub use errors::nccl_error;
+pub use group_safe::GroupSafe;
 pub use id::{bootstrap_address, id_from_bytes, id_to_bytes, new_unique_id};
 pub use probe::{probe, Machine, Probe, ThisMachine};
