@@ -213,16 +213,56 @@ pub fn link_folder(library: &Path) -> Result<PathBuf> {
     let folder = mine.join(format!("nccl-{tag:016x}"));
     ensure_private_dir(&folder, uid)?;
     let link = folder.join("libnccl.so");
-    if std::fs::read_link(&link).ok().as_deref() != Some(library.as_path()) {
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&library, &link).map_err(|e| {
-            CommError::io(
-                format!("linking {} to {}", link.display(), library.display()),
-                e,
-            )
-        })?;
-    }
+    link_atomically(&library, &link).map_err(|e| {
+        CommError::io(
+            format!("linking {} to {}", link.display(), library.display()),
+            e,
+        )
+    })?;
     Ok(folder)
+}
+
+/// Makes `link` a symbolic link to `target`, safe when the ranks of a node do it at the same
+/// moment: a link that already points at `target` is left as it is; otherwise a new link is made
+/// under a name of this process's own in the same folder and renamed over `link`, which POSIX
+/// makes atomic, so every process sees either the old entry or the new link, never none, and no
+/// two collide (as a remove then a symlink did: EEXIST, or a moment with no link). Should the
+/// rename fail but another process have made the right link meanwhile, that is success too. No
+/// temporary name outlives the call, whatever happens.
+fn link_atomically(target: &Path, link: &Path) -> std::io::Result<()> {
+    let points_right = || std::fs::read_link(link).ok().as_deref() == Some(target);
+    if points_right() {
+        return Ok(());
+    }
+    let temporary = temporary_name(link);
+    if let Err(e) = std::os::unix::fs::symlink(target, &temporary) {
+        return if points_right() { Ok(()) } else { Err(e) };
+    }
+    match std::fs::rename(&temporary, link) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&temporary);
+            if points_right() {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+/// `.NAME.PID-NANOS-N.tmp` beside `link`: unique to this process and call (the time and a
+/// counter tell apart two processes with one pid, as on a TMPDIR that nodes share), and hidden.
+fn temporary_name(link: &Path) -> PathBuf {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let name = link
+        .file_name()
+        .map_or("link".into(), |n| n.to_string_lossy());
+    link.with_file_name(format!(".{name}.{}-{nanos}-{call}.tmp", std::process::id()))
 }
 
 /// Links `library` as `libnccl.so` and restarts this program with the link on LD_LIBRARY_PATH.
@@ -344,6 +384,81 @@ mod tests {
         // NCCL_LIBRARY wins, as a file or a folder.
         let vars: HashMap<&str, String> = [("NCCL_LIBRARY", dir.display().to_string())].into();
         assert_eq!(candidates(&|k: &str| vars.get(k).cloned())[0], so2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The names in `dir`, sorted.
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_right_link_is_kept_and_any_other_replaced() {
+        let dir = std::env::temp_dir().join(format!("nccl-relink-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let right = dir.join("libnccl.so.2");
+        std::fs::write(&right, b"the library").unwrap();
+        let other = dir.join("other.so.2");
+        std::fs::write(&other, b"another library").unwrap();
+        let link = dir.join("libnccl.so");
+        let only_these = ["libnccl.so", "libnccl.so.2", "other.so.2"];
+        // None yet: made.
+        link_atomically(&right, &link).unwrap();
+        assert_eq!(std::fs::read_link(&link).unwrap(), right);
+        assert_eq!(names_in(&dir), only_these);
+        // The right one already: success, and left as it is (not made again: the same inode).
+        let inode = std::fs::symlink_metadata(&link).unwrap().ino();
+        link_atomically(&right, &link).unwrap();
+        assert_eq!(std::fs::symlink_metadata(&link).unwrap().ino(), inode);
+        // A link to another file, a dangling link, a plain file: replaced.
+        let wrong: [&dyn Fn(); 3] = [
+            &|| std::os::unix::fs::symlink(&other, &link).unwrap(),
+            &|| std::os::unix::fs::symlink(dir.join("gone"), &link).unwrap(),
+            &|| std::fs::write(&link, b"not a link").unwrap(),
+        ];
+        for make_wrong in wrong {
+            std::fs::remove_file(&link).unwrap();
+            make_wrong();
+            link_atomically(&right, &link).unwrap();
+            assert_eq!(std::fs::read_link(&link).unwrap(), right);
+            assert_eq!(names_in(&dir), only_these);
+        }
+        // A folder in its place cannot be replaced: an error, and no temporary name left.
+        std::fs::remove_file(&link).unwrap();
+        std::fs::create_dir(&link).unwrap();
+        assert!(link_atomically(&right, &link).is_err());
+        assert_eq!(names_in(&dir), only_these);
+        // Through link_folder, as a restart does: a wrong link in the private folder is mended,
+        // and a failure names the link and the library.
+        let folder = link_folder(&right).unwrap();
+        let in_folder = folder.join("libnccl.so");
+        std::fs::remove_file(&in_folder).unwrap();
+        std::os::unix::fs::symlink(&other, &in_folder).unwrap();
+        assert_eq!(link_folder(&right).unwrap(), folder);
+        assert_eq!(
+            std::fs::read_link(&in_folder).unwrap(),
+            right.canonicalize().unwrap()
+        );
+        assert_eq!(names_in(&folder), ["libnccl.so"]);
+        std::fs::remove_file(&in_folder).unwrap();
+        std::fs::create_dir(&in_folder).unwrap();
+        let err = link_folder(&right).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "linking {} to {}",
+                in_folder.display(),
+                right.canonicalize().unwrap().display()
+            )),
+            "{err}"
+        );
+        assert_eq!(names_in(&folder), ["libnccl.so"]);
+        std::fs::remove_dir_all(&folder).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
