@@ -192,7 +192,7 @@ impl Communicator {
                 crate::memory::check_fits::<T>(values.len(), 1)?;
                 Repr::Host(values.to_vec())
             }
-            Engine::Nccl(nccl) => Repr::Device(GroupSafe::new(nccl.upload(values)?)),
+            Engine::Nccl(nccl) => Repr::Device(nccl.upload(values)?),
         };
         Ok(Buffer { repr })
     }

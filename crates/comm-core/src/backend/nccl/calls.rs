@@ -1,7 +1,7 @@
 //! The calls: one rank's communicator, its GPU and stream, and every collective enqueued on
 //! that stream and waited for under the watchdog.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,11 +10,11 @@ use cudarc::nccl::{result, sys};
 
 use super::batch::{Batching, Wait};
 use super::errors::{cuda, nccl};
-use super::group_safe;
+use super::group_safe::{GroupSafe, Groups};
 use super::id::{id_from_bytes, new_unique_id};
 use super::init::init_rank;
 use super::probe::quietly;
-use super::watchdog::{self, async_state, Watchdog};
+use super::watchdog::{self, async_state, Arming, Watchdog};
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::store::Store;
@@ -49,54 +49,20 @@ pub struct NcclBackend {
     comm: sys::ncclComm_t,
     rank: usize,
     world_size: usize,
-    /// Whether the communicator may still be used, and who frees it (this thread or the
-    /// watchdog's, once).
-    lifeline: Arc<Lifeline>,
-    /// Watches every call in flight; aborts the communicator when one outlives the timeout.
+    /// Whether NCCL still holds the communicator: abort and finalize free it, once, on this
+    /// thread (never from another: on a blocking communicator abort frees it at once, under any
+    /// call still inside NCCL).
+    live: Cell<bool>,
+    /// The NCCL version (ncclCommFinalize exists from 2.14).
+    version: i32,
+    /// Shown every call; ends the process if the rank is stuck inside NCCL past the timeout.
     watchdog: Watchdog,
+    /// Open groups, and the buffers dropped while one is open.
+    groups: Arc<Groups>,
     /// Recorded after the calls waited for, and reused: one event, not one per wait.
     done: CudaEvent,
     /// Batches and groups this rank is in: when calls are waited for.
     batching: std::cell::Cell<Batching>,
-}
-
-/// A communicator's life, shared with the watchdog's thread, which may abort it.
-struct Lifeline {
-    comm: sys::ncclComm_t,
-    /// Cleared at the first abort, finalize or failure: no call may reach NCCL after.
-    usable: AtomicBool,
-    /// Whether NCCL has not freed it yet: abort and destroy take this lock, so exactly one of
-    /// them frees it, once.
-    live: std::sync::Mutex<bool>,
-}
-
-// SAFETY: ncclCommAbort may be called from another thread than the one using the communicator
-// (that is what it is for, as PyTorch's watchdog does); `live` makes the free happen once, and
-// after `usable` is cleared no call reaches the communicator (check_usable).
-unsafe impl Send for Lifeline {}
-// SAFETY: as above: all that is shared is the handle, behind the flag and the lock.
-unsafe impl Sync for Lifeline {}
-
-impl Lifeline {
-    fn abort(&self) {
-        self.usable.store(false, Ordering::SeqCst);
-        let mut live = self.live.lock().unwrap();
-        if std::mem::replace(&mut *live, false) {
-            // SAFETY: a communicator NCCL has not freed (`live`), freed once under the lock.
-            let _ = unsafe { result::comm_abort(self.comm) };
-        }
-    }
-
-    fn destroy(&self) -> Result<()> {
-        let mut live = self.live.lock().unwrap();
-        if !std::mem::replace(&mut *live, false) {
-            return Ok(());
-        }
-        // SAFETY: as in `abort`; after a finalize that completed.
-        unsafe { result::comm_destroy(self.comm) }
-            .map(|_| ())
-            .map_err(nccl("ncclCommDestroy"))
-    }
 }
 
 /// How long a rank stuck inside NCCL after the watchdog's abort gets before the process ends.
@@ -133,23 +99,18 @@ impl NcclBackend {
         ctx.bind_to_thread().map_err(cuda("binding the context"))?;
         let comm = init_rank(&ctx, world_size, id, rank, store.timeout())?;
         // ANCHOR_END: unique_id
-        let lifeline = Arc::new(Lifeline {
-            comm,
-            usable: AtomicBool::new(true),
-            live: std::sync::Mutex::new(true),
-        });
-        let watched = lifeline.clone();
+        let version = result::get_nccl_version().unwrap_or(0);
         let watchdog = Watchdog::start(
             store.timeout(),
             STUCK_GRACE,
-            Box::new(move || watched.abort()),
             Box::new(move |what| stuck(rank, what)),
         );
         let done = ctx.new_event(None);
         let (watchdog, done) = match (watchdog, done) {
             (Ok(watchdog), Ok(done)) => (watchdog, done),
             (watchdog, done) => {
-                lifeline.abort();
+                // SAFETY: the communicator just made, never used; freed once, here.
+                let _ = unsafe { result::comm_abort(comm) };
                 return Err(match (watchdog, done) {
                     (Err(e), _) => CommError::io("starting the NCCL watchdog", e),
                     (_, Err(e)) => cuda("creating an event")(e),
@@ -162,8 +123,10 @@ impl NcclBackend {
             comm,
             rank,
             world_size,
-            lifeline,
+            live: Cell::new(true),
+            version,
             watchdog,
+            groups: Arc::new(Groups::default()),
             done,
             batching: std::cell::Cell::new(Batching::default()),
         })
@@ -174,7 +137,7 @@ impl NcclBackend {
     }
 
     fn check_usable(&self) -> Result<()> {
-        if !self.lifeline.usable.load(Ordering::SeqCst) {
+        if !self.live.get() {
             return Err(CommError::Backend(
                 "the NCCL communicator was aborted after an earlier failure".into(),
             ));
@@ -182,12 +145,11 @@ impl NcclBackend {
         Ok(())
     }
 
-    /// Waits for the work enqueued so far. On a blocking communicator a call returns once it is
-    /// enqueued, so only the GPU is waited for (`gpu`): an event recorded after the work, looked
-    /// at without ever sleeping, and NCCL's asynchronous errors now and then. The watchdog,
-    /// shown the call, aborts the communicator if it outlives the timeout; the loop sees that
-    /// and fails. The caller arms the watchdog (around the enqueue too).
-    fn wait(&self, what: &str, gpu: bool) -> Result<()> {
+    /// Waits for the work enqueued so far, until `call`'s deadline. On a blocking communicator a
+    /// call returns once it is enqueued, so only the GPU is waited for (`gpu`): an event recorded
+    /// after the work, looked at without ever sleeping, and NCCL's asynchronous errors now and
+    /// then. Past the deadline this thread aborts the communicator itself and fails.
+    fn wait(&self, what: &str, gpu: bool, call: &Arming) -> Result<()> {
         if !gpu {
             return self.check_async(what);
         }
@@ -196,15 +158,16 @@ impl NcclBackend {
             .map_err(cuda("recording an event"))?;
         let started = Instant::now();
         for look in 0u64.. {
-            if self.watchdog.fired() {
-                return Err(self.timed_out(what));
-            }
             if self.done.try_is_complete().map_err(cuda(what))? {
                 return self.check_async(what);
             }
             // NCCL's own errors (a peer's network failure) show here, not in the event.
             if look % 1024 == 1023 {
                 self.check_async(what)?;
+            }
+            if call.expired() {
+                self.abort();
+                return Err(self.timed_out(what));
             }
             watchdog::take(watchdog::pause(started.elapsed()));
         }
@@ -213,6 +176,7 @@ impl NcclBackend {
 
     /// NCCL's asynchronous error, if any: the communicator is aborted and the error returned.
     fn check_async(&self, what: &str) -> Result<()> {
+        self.check_usable()?;
         match async_state(self.comm) {
             Ok(_) => Ok(()),
             Err(e) => {
@@ -232,15 +196,16 @@ impl NcclBackend {
         }
     }
 
-    /// Waits as the batching says: `what` names the call, or the batch or group.
-    fn settle(&self, wait: Wait, what: &str) -> Result<()> {
+    /// Waits as the batching says, until `call`'s deadline: `what` names the call, or the
+    /// batch or group.
+    fn settle(&self, wait: Wait, what: &str, call: &Arming) -> Result<()> {
         match wait {
             Wait::Nothing => Ok(()),
             // An aborted communicator is gone (no look at it is allowed), and so is its work.
-            _ if !self.lifeline.usable.load(Ordering::SeqCst) => self.check_usable(),
-            Wait::Enqueued => self.wait(what, false),
-            Wait::Finished { calls: 1 } => self.wait(what, true),
-            Wait::Finished { calls } => self.wait(&format!("{what} ({calls} calls)"), true),
+            _ if !self.live.get() => self.check_usable(),
+            Wait::Enqueued => self.wait(what, false, call),
+            Wait::Finished { calls: 1 } => self.wait(what, true, call),
+            Wait::Finished { calls } => self.wait(&format!("{what} ({calls} calls)"), true, call),
         }
     }
 
@@ -264,8 +229,8 @@ impl NcclBackend {
         let out = body();
         std::mem::forget(unwinding);
         let wait = self.batching(Batching::end_batch);
-        let _watched = self.watchdog.arm("batch");
-        let waited = self.settle(wait, "batch");
+        let watched = self.watchdog.arm("batch");
+        let waited = self.settle(wait, "batch", &watched);
         out.and_then(|value| waited.map(|_| value))
     }
 
@@ -279,7 +244,7 @@ impl NcclBackend {
     pub(crate) fn group<R>(&self, body: impl FnOnce() -> Result<R>) -> Result<R> {
         self.check_usable()?;
         result::group_start().map_err(nccl("ncclGroupStart"))?;
-        group_safe::open();
+        self.groups.open();
         self.batching(Batching::begin_group);
         let unwinding = AbortOnUnwind {
             backend: self,
@@ -288,11 +253,11 @@ impl NcclBackend {
         let out = body();
         std::mem::forget(unwinding);
         let wait = self.batching(Batching::end_group);
-        let _watched = self.watchdog.arm("group");
-        let ended = result::group_end();
-        group_safe::close();
+        let watched = self.watchdog.arm("group");
+        let ended = result::group_end().and_then(enqueued);
+        self.groups.close();
         let waited = match ended {
-            Ok(_) => self.settle(wait, "group"),
+            Ok(()) => self.settle(wait, "group", &watched),
             Err(e) => {
                 // Some of the group's calls may be in flight and nobody will watch them.
                 self.abort();
@@ -302,15 +267,23 @@ impl NcclBackend {
         out.and_then(|value| waited.map(|_| value))
     }
 
+    /// Aborts the communicator, once, from this thread: NCCL stops its work and frees it.
     fn abort(&self) {
-        self.lifeline.abort();
+        if self.live.replace(false) {
+            // SAFETY: a communicator NCCL still holds (`live`), freed once; `live` keeps every
+            // later call away from it (check_usable).
+            let _ = unsafe { result::comm_abort(self.comm) };
+        }
     }
 
-    /// Copies host values into a new buffer on this rank's GPU.
-    pub fn upload<T: Element>(&self, values: &[T]) -> Result<CudaSlice<T>> {
-        self.stream
+    /// Copies host values into a new buffer on this rank's GPU, which is never freed inside
+    /// an open group of this communicator.
+    pub fn upload<T: Element>(&self, values: &[T]) -> Result<GroupSafe<T>> {
+        let slice = self
+            .stream
             .clone_htod(values)
-            .map_err(cuda("copying to the GPU"))
+            .map_err(cuda("copying to the GPU"))?;
+        Ok(GroupSafe::new(slice, self.groups.clone()))
     }
 
     /// Copies a GPU buffer back to the host, after the work queued before it on the stream.
@@ -322,8 +295,8 @@ impl NcclBackend {
                 "to_host inside a group: the group's calls only run when it ends".into(),
             )
         })?;
-        let _watched = self.watchdog.arm("the calls before a download");
-        self.settle(wait, "the calls before a download")?;
+        let watched = self.watchdog.arm("the calls before a download");
+        self.settle(wait, "the calls before a download", &watched)?;
         self.stream
             .clone_dtoh(buf)
             .map_err(cuda("copying from the GPU"))
@@ -340,18 +313,15 @@ impl NcclBackend {
         ) -> std::result::Result<result::NcclStatus, result::NcclError>,
     ) -> Result<()> {
         self.check_usable()?;
-        // Watched from before the launch: a blocking call can hang in NCCL's connection setup.
-        let _watched = self.watchdog.arm(what);
-        let launched = launch(self.comm, self.cu_stream());
-        if self.watchdog.fired() {
-            return Err(self.timed_out(what));
-        }
-        if let Err(e) = launched {
+        // Watched from before the launch: a blocking call can hang in NCCL's connection setup,
+        // where only the watchdog sees it.
+        let watched = self.watchdog.arm(what);
+        if let Err(e) = launch(self.comm, self.cu_stream()).and_then(enqueued) {
             self.abort();
             return Err(nccl(what)(e));
         }
         let wait = self.batching(Batching::called);
-        self.settle(wait, what)
+        self.settle(wait, what, &watched)
     }
 
     /// The one way a collective reaches NCCL: checks the buffers' lengths against `count` and
@@ -540,8 +510,14 @@ impl NcclBackend {
         self.collective(call, Some(send), Some(recv), count)
     }
 
-    /// An all-reduce of one element: returns when every rank got here.
+    /// An all-reduce of one element: returns when every rank got here. Not inside a group,
+    /// whose calls only run at its end.
     pub(crate) fn barrier(&self) -> Result<()> {
+        if self.groups.is_open() {
+            return Err(CommError::Usage(
+                "barrier inside a group: the group's calls only run when it ends".into(),
+            ));
+        }
         let mut token = self.upload(&[0i32])?;
         self.all_reduce(None, &mut token, ReduceOp::Sum)
     }
@@ -677,7 +653,7 @@ impl Drop for AbortOnUnwind<'_> {
         let backend = self.backend;
         let end = if self.group {
             let _ = result::group_end();
-            group_safe::close();
+            backend.groups.close();
             Batching::end_group
         } else {
             Batching::end_batch
@@ -699,28 +675,48 @@ impl NcclBackend {
         self.finalize()
     }
 
-    /// `ncclCommFinalize` then `ncclCommDestroy`, or an abort if finalize fails or outlives the
-    /// timeout (the watchdog's). Once: from the start nothing else may use the communicator.
+    /// `ncclCommFinalize` (NCCL 2.14 and later) then `ncclCommDestroy`, or an abort if either
+    /// fails. Once: afterwards nothing may use the communicator. A finalize stuck on a dead peer
+    /// is the watchdog's: the process ends.
     fn finalize(&self) -> Result<()> {
-        if !self.lifeline.usable.swap(false, Ordering::SeqCst) {
+        if !self.live.replace(false) {
             return Ok(()); // aborted or finalized already
         }
-        let watched = self.watchdog.arm("ncclCommFinalize");
-        // SAFETY: a live communicator (it was usable), finalized once; on a blocking one,
-        // finalize returns once this rank's operations are flushed. The watchdog may abort it
-        // meanwhile, which is what unblocks a finalize that waits on a dead peer.
-        let finalized = unsafe { result::comm_finalize(self.comm) };
-        drop(watched);
-        if self.watchdog.fired() {
-            return Err(self.timed_out("ncclCommFinalize"));
-        }
-        match finalized {
-            Ok(_) => self.lifeline.destroy(),
-            Err(e) => {
-                self.abort();
-                Err(nccl("ncclCommFinalize")(e))
+        let _watched = self.watchdog.arm("ncclCommFinalize");
+        // SAFETY: a communicator NCCL still held (`live` was set; cleared above, so nothing
+        // else reaches it), finalized and destroyed once, or aborted once if that fails. On a
+        // blocking communicator finalize returns once this rank's operations are flushed.
+        unsafe {
+            let finalized = match self.version >= FINALIZE_SINCE {
+                true => result::comm_finalize(self.comm)
+                    .and_then(enqueued)
+                    .map_err(nccl("ncclCommFinalize")),
+                false => Ok(()),
+            };
+            let ended = finalized.and_then(|()| {
+                result::comm_destroy(self.comm)
+                    .and_then(enqueued)
+                    .map_err(nccl("ncclCommDestroy"))
+            });
+            if ended.is_err() {
+                let _ = result::comm_abort(self.comm);
             }
+            ended
         }
+    }
+}
+
+/// The first NCCL with `ncclCommFinalize` (cudarc panics on a symbol the library lacks).
+const FINALIZE_SINCE: i32 = 21400;
+
+/// A call's status: `ncclInProgress` would mean a nonblocking communicator, which this backend
+/// never makes (its work would not be enqueued yet when the wait's event is recorded).
+fn enqueued(status: result::NcclStatus) -> std::result::Result<(), result::NcclError> {
+    match status {
+        result::NcclStatus::InProgress => {
+            Err(result::NcclError(sys::ncclResult_t::ncclInvalidUsage))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -747,7 +743,9 @@ fn stuck(rank: usize, what: &str) {
         missing: Vec::new(),
     };
     let code = crate::failure_record::report_failure(rank, &error);
-    std::process::exit(code);
+    // SAFETY: _exit has no preconditions. Not exit(): its handlers (CUDA's among them) would run
+    // while the rank's thread is still inside NCCL and CUDA.
+    unsafe { libc::_exit(code) }
 }
 
 #[cfg(test)]

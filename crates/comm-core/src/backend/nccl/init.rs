@@ -21,8 +21,11 @@ use crate::error::{CommError, Result};
 /// The first NCCL with communicator configs (`ncclCommInitRankConfig`).
 const CONFIG_SINCE: i32 = 21400;
 
-/// NCCL_CONFIG_INITIALIZER with `blocking = 1` said outright: NCCL_COMM_BLOCKING=0 in the
-/// environment cannot turn it into a nonblocking one behind our back.
+/// NCCL's variable that overrides a config's `blocking`.
+const BLOCKING_VAR: &str = "NCCL_COMM_BLOCKING";
+
+/// NCCL_CONFIG_INITIALIZER with `blocking = 1` said outright. (NCCL_COMM_BLOCKING in the
+/// environment would still override it: [`init_rank`] refuses a value other than 1.)
 fn blocking_config() -> sys::ncclConfig_t {
     const UNDEF: i32 = i32::MIN; // NCCL_CONFIG_UNDEF_INT: "NCCL's default"
     sys::ncclConfig_t {
@@ -51,6 +54,37 @@ fn blocking_config() -> sys::ncclConfig_t {
     }
 }
 
+/// The init call itself, on the init thread (its CUDA context bound): what went wrong, if
+/// anything, in words.
+fn init_blocking(
+    comm: &mut sys::ncclComm_t,
+    version: i32,
+    world_size: usize,
+    id: sys::ncclUniqueId,
+    rank: usize,
+) -> std::result::Result<(), String> {
+    let (n, r) = (world_size as i32, rank as i32);
+    // SAFETY: comm is an out-pointer NCCL writes; the Id came from ncclGetUniqueId; config
+    // outlives the call (NCCL copies it); the config API exists from CONFIG_SINCE.
+    let (name, made) = unsafe {
+        match version < CONFIG_SINCE {
+            true => ("ncclCommInitRank", result::comm_init_rank(comm, n, id, r)),
+            false => {
+                let mut config = blocking_config();
+                let made = result::comm_init_rank_config(comm, n, id, r, &mut config);
+                ("ncclCommInitRankConfig", made)
+            }
+        }
+    };
+    match made {
+        Ok(result::NcclStatus::InProgress) => Err(format!(
+            "{name} answered ncclInProgress: the communicator is not a blocking one"
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(nccl(name)(e).to_string()),
+    }
+}
+
 /// A communicator handle on its way from the init thread.
 struct Handle(sys::ncclComm_t);
 // SAFETY: an NCCL communicator may be used from any thread, one at a time; the init thread hands
@@ -66,6 +100,16 @@ pub(super) fn init_rank(
     rank: usize,
     timeout: Duration,
 ) -> Result<sys::ncclComm_t> {
+    if let Some(value) = std::env::var_os(BLOCKING_VAR).filter(|v| v.to_str() != Some("1")) {
+        return Err(CommError::env(
+            BLOCKING_VAR,
+            format!(
+                "{BLOCKING_VAR}={} would make NCCL's communicator nonblocking, which this backend \
+                 does not drive (its calls would return before they are enqueued); unset it",
+                value.to_string_lossy()
+            ),
+        ));
+    }
     let version = result::get_nccl_version().map_err(nccl("ncclGetVersion"))?;
     let (done, outcome) = mpsc::channel();
     let ctx = ctx.clone();
@@ -73,24 +117,10 @@ pub(super) fn init_rank(
         .name("nccl-init".into())
         .spawn(move || {
             let mut comm: sys::ncclComm_t = std::ptr::null_mut();
-            let made = ctx
-                .bind_to_thread()
-                .map_err(|e| e.to_string())
-                .and_then(|()| {
-                    // SAFETY: comm is an out-pointer NCCL writes; the Id came from ncclGetUniqueId;
-                    // config outlives the call (NCCL copies it).
-                    unsafe {
-                        if version < CONFIG_SINCE {
-                            result::comm_init_rank(&mut comm, world_size as i32, id, rank as i32)
-                        } else {
-                            let mut config = blocking_config();
-                            let (n, r) = (world_size as i32, rank as i32);
-                            result::comm_init_rank_config(&mut comm, n, id, r, &mut config)
-                        }
-                    }
-                    .map(|_| ())
-                    .map_err(|e| nccl("ncclCommInitRankConfig")(e).to_string())
-                });
+            let made = match ctx.bind_to_thread() {
+                Ok(()) => init_blocking(&mut comm, version, world_size, id, rank),
+                Err(e) => Err(e.to_string()),
+            };
             let _ = done.send((made, Handle(comm)));
         })
         .map_err(|e| CommError::io("starting NCCL's init thread", e))?;

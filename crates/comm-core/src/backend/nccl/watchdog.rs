@@ -1,17 +1,18 @@
-//! The watchdog, as in PyTorch's ProcessGroupNCCL: one thread per communicator that watches the
-//! call in flight and, when it outlives the timeout (a peer died or is stuck), aborts the
-//! communicator from the side, so that the waiting rank gets an error instead of hanging.
+//! The watchdog: how a rank waits for NCCL without ever hanging, and without sleeping.
 //!
-//! The rank's own thread never sleeps while it waits for a call (sleeps would be in the timings):
-//! it looks at the call's completion, spinning briefly, then yielding the core, and at the
-//! watchdog's verdict. The watchdog thread sleeps until the deadline of the call it was shown,
-//! costs nothing while calls finish in time, and is the same thread for every call: no thread is
-//! started per call.
+//! The rank's own thread enforces `--timeout` on the work it waits for: it looks at the call's
+//! completion (spinning briefly, then yielding the core: a sleep would be in every timing) and,
+//! past the deadline, aborts the communicator itself. It must be the rank's own thread: on a
+//! blocking communicator `ncclCommAbort` frees the communicator at once, so calling it from
+//! another thread while the rank is inside NCCL would free memory NCCL is still using.
 //!
-//! If the rank is still stuck inside NCCL `grace` after the abort, the watchdog ends the process
-//! saying why, as PyTorch's heartbeat monitor does: nothing else can free a thread that NCCL holds.
+//! What the rank cannot see is itself stuck inside a blocking NCCL call (connecting to a peer
+//! that died, a group end, a finalize). For that there is one thread per communicator, shown
+//! every call: if a call is still in flight `grace` after its deadline, it writes the rank's
+//! failure and ends the process, as PyTorch's heartbeat monitor does; nothing else can free a
+//! thread that NCCL holds. It sleeps until that moment and costs nothing while calls end in time;
+//! no thread is started per call.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,9 +36,7 @@ pub(super) fn async_state(comm: sys::ncclComm_t) -> std::result::Result<Look, re
     }
 }
 
-/// What the watchdog does when a call outlives its deadline, from its own thread.
-pub(super) type OnExpiry = Box<dyn FnMut() + Send>;
-/// What it does when the rank is still stuck `grace` after that: ends the process.
+/// What the watchdog does when the rank is stuck `grace` past a call's deadline: ends the process.
 pub(super) type OnStuck = Box<dyn FnMut(&str) + Send>;
 
 /// The call in flight.
@@ -57,8 +56,6 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
-    /// Set by the watchdog when a call outlived its deadline: the communicator is aborted.
-    fired: AtomicBool,
 }
 
 /// One communicator's watchdog thread.
@@ -69,13 +66,11 @@ pub(super) struct Watchdog {
 }
 
 impl Watchdog {
-    /// Starts the thread: every call shown to it ([`Watchdog::arm`]) may take `timeout`; past it
-    /// `on_expiry` runs (aborting the communicator), and if the call is still in flight `grace`
-    /// later, `on_stuck`.
+    /// Starts the thread: every call shown to it ([`Watchdog::arm`]) may take `timeout`; if it
+    /// is still in flight `grace` after that, `on_stuck` runs.
     pub(super) fn start(
         timeout: Duration,
         grace: Duration,
-        mut on_expiry: OnExpiry,
         mut on_stuck: OnStuck,
     ) -> std::io::Result<Watchdog> {
         let shared = Arc::new(Shared {
@@ -85,12 +80,11 @@ impl Watchdog {
                 stopping: false,
             }),
             changed: Condvar::new(),
-            fired: AtomicBool::new(false),
         });
         let watching = shared.clone();
         let thread = std::thread::Builder::new()
             .name("nccl-watchdog".into())
-            .spawn(move || watch(&watching, grace, &mut on_expiry, &mut on_stuck))?;
+            .spawn(move || watch(&watching, grace, &mut on_stuck))?;
         Ok(Watchdog {
             shared,
             timeout,
@@ -98,23 +92,24 @@ impl Watchdog {
         })
     }
 
-    /// Shows the watchdog the call `what`, from now until the returned guard drops.
+    /// Shows the watchdog the call `what`, from now until the returned guard drops; the guard
+    /// says when the call's time is up.
     pub(super) fn arm(&self, what: &str) -> Arming<'_> {
         let mut state = self.shared.state.lock().unwrap();
         let id = state.next_id;
         state.next_id += 1;
+        let deadline = far(self.timeout);
         state.armed = Some(Armed {
             id,
             what: what.to_string(),
-            deadline: far(self.timeout),
+            deadline,
         });
         self.shared.changed.notify_all();
-        Arming { dog: self, id }
-    }
-
-    /// Whether a call outlived its deadline (the communicator is aborted since).
-    pub(super) fn fired(&self) -> bool {
-        self.shared.fired.load(Ordering::SeqCst)
+        Arming {
+            dog: self,
+            id,
+            deadline,
+        }
     }
 
     /// How long a call may take.
@@ -137,6 +132,14 @@ impl Drop for Watchdog {
 pub(super) struct Arming<'a> {
     dog: &'a Watchdog,
     id: u64,
+    deadline: Instant,
+}
+
+impl Arming<'_> {
+    /// Whether the call has outlived its timeout: the rank must abort it now.
+    pub(super) fn expired(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
 }
 
 impl Drop for Arming<'_> {
@@ -149,9 +152,9 @@ impl Drop for Arming<'_> {
     }
 }
 
-/// The watchdog thread: sleeps until the armed call's deadline (or a change), aborts on expiry,
-/// and gives the rank `grace` to come out before `on_stuck`.
-fn watch(shared: &Shared, grace: Duration, on_expiry: &mut OnExpiry, on_stuck: &mut OnStuck) {
+/// The watchdog thread: sleeps until `grace` past the armed call's deadline (or a change), and
+/// if that call is still in flight then, the rank is stuck inside NCCL: `on_stuck`.
+fn watch(shared: &Shared, grace: Duration, on_stuck: &mut OnStuck) {
     // ANCHOR: watchdog
     let mut state = shared.state.lock().unwrap();
     loop {
@@ -162,30 +165,19 @@ fn watch(shared: &Shared, grace: Duration, on_expiry: &mut OnExpiry, on_stuck: &
             state = shared.changed.wait(state).unwrap();
             continue;
         };
+        let stuck_at = armed.deadline.checked_add(grace).unwrap_or(armed.deadline);
         let now = Instant::now();
-        if now < armed.deadline {
+        if now < stuck_at {
             state = shared
                 .changed
-                .wait_timeout(state, armed.deadline - now)
+                .wait_timeout(state, stuck_at - now)
                 .unwrap()
                 .0;
             continue;
         }
-        // The call outlived its deadline: abort, outside the lock (the rank may be disarming).
-        shared.fired.store(true, Ordering::SeqCst);
         drop(state);
-        on_expiry();
-        state = shared.state.lock().unwrap();
-        let until = Instant::now() + grace;
-        while !state.stopping && state.armed.as_ref().is_some_and(|a| a.id == armed.id) {
-            let now = Instant::now();
-            if now >= until {
-                drop(state);
-                on_stuck(&armed.what);
-                return;
-            }
-            state = shared.changed.wait_timeout(state, until - now).unwrap().0;
-        }
+        on_stuck(&armed.what);
+        return;
     }
     // ANCHOR_END: watchdog
 }
@@ -233,60 +225,58 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
 
-    /// A watchdog whose expiry and stuck actions report on channels.
-    fn dog(
-        timeout_ms: u64,
-        grace_ms: u64,
-    ) -> (Watchdog, mpsc::Receiver<()>, mpsc::Receiver<String>) {
-        let (expired, expiries) = mpsc::channel();
+    /// A watchdog whose stuck action reports on a channel instead of ending the process.
+    fn dog(timeout_ms: u64, grace_ms: u64) -> (Watchdog, mpsc::Receiver<String>) {
         let (stuck, stucks) = mpsc::channel();
         let dog = Watchdog::start(
             Duration::from_millis(timeout_ms),
             Duration::from_millis(grace_ms),
-            Box::new(move || expired.send(()).unwrap()),
             Box::new(move |what| stuck.send(what.to_string()).unwrap()),
         )
         .unwrap();
-        (dog, expiries, stucks)
+        (dog, stucks)
     }
 
     #[test]
-    fn calls_that_end_in_time_cost_no_abort() {
-        let (dog, expiries, stucks) = dog(200, 100);
+    fn calls_that_end_in_time_leave_the_watchdog_asleep() {
+        let (dog, stucks) = dog(100, 50);
         for i in 0..1000 {
-            let _call = dog.arm(&format!("call {i}"));
+            let call = dog.arm(&format!("call {i}"));
+            assert!(!call.expired());
         }
         std::thread::sleep(Duration::from_millis(300));
-        assert!(!dog.fired());
-        assert!(expiries.try_recv().is_err() && stucks.try_recv().is_err());
-    }
-
-    #[test]
-    fn a_call_past_its_deadline_is_aborted_once_and_the_rank_sees_it() {
-        let (dog, expiries, stucks) = dog(50, 2000);
-        let started = Instant::now();
-        {
-            let _call = dog.arm("NCCL ncclAllReduce on rank 1 to complete");
-            // The rank's own loop: look, and see the verdict.
-            while !dog.fired() {
-                take(pause(started.elapsed()));
-            }
-        }
-        assert!(started.elapsed() >= Duration::from_millis(50));
-        expiries.recv_timeout(Duration::from_secs(5)).unwrap();
-        // The rank came out of its call within the grace: the process goes on.
-        std::thread::sleep(Duration::from_millis(100));
-        assert!(expiries.try_recv().is_err(), "aborted once");
         assert!(stucks.try_recv().is_err());
     }
 
     #[test]
-    fn a_rank_still_stuck_after_the_grace_is_ended_naming_the_call() {
-        let (dog, expiries, stucks) = dog(20, 50);
+    fn a_call_past_its_deadline_is_the_ranks_to_abort_and_then_nothing_happens() {
+        let (dog, stucks) = dog(50, 300);
+        let started = Instant::now();
+        {
+            // The rank's own loop: look, and notice the deadline itself (then it aborts and
+            // returns, dropping the guard).
+            let call = dog.arm("NCCL ncclAllReduce on rank 1 to complete");
+            while !call.expired() {
+                take(pause(started.elapsed()));
+            }
+        }
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(stucks.try_recv().is_err(), "the rank came out in time");
+    }
+
+    #[test]
+    fn a_rank_stuck_inside_a_call_past_the_grace_is_ended_naming_the_call() {
+        let (dog, stucks) = dog(20, 50);
+        let started = Instant::now();
         let _stuck_call = dog.arm("NCCL ncclAllGather on rank 3 to complete");
-        expiries.recv_timeout(Duration::from_secs(5)).unwrap();
         let what = stucks.recv_timeout(Duration::from_secs(5)).unwrap();
         assert_eq!(what, "NCCL ncclAllGather on rank 3 to complete");
+        assert!(
+            started.elapsed() >= Duration::from_millis(70),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]
@@ -299,9 +289,9 @@ mod tests {
 
     #[test]
     fn a_timeout_too_far_to_represent_waits_for_good() {
-        let (dog, expiries, _) = dog(u64::MAX, 0);
-        let _call = dog.arm("x");
+        let (dog, stucks) = dog(u64::MAX, 0);
+        let call = dog.arm("x");
         std::thread::sleep(Duration::from_millis(50));
-        assert!(!dog.fired() && expiries.try_recv().is_err());
+        assert!(!call.expired() && stucks.try_recv().is_err());
     }
 }
