@@ -19,7 +19,7 @@
 # buffers would not fit (3 x size x world size over MemAvailable) is skipped, with a line on stderr.
 #
 # Both sides time alike: f32, warm-up, then per iteration a barrier and one call waited for; an
-# iteration's time is the slowest rank's; the median is reported (comm-bench -z 1). Gloo's
+# iteration's time is the slowest rank's; the median is reported (comm-bench -z 3). Gloo's
 # all_reduce and broadcast work in place, so our in-place time is compared; its
 # all_gather_into_tensor and reduce_scatter_tensor out of place, so our out-of-place time is. Our
 # other placement is shown beside it for information. Each torch rank sets

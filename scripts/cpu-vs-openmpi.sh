@@ -21,7 +21,7 @@
 #
 # Both sides time alike: f32, warm-up, then per iteration a barrier and one call; an iteration's
 # time is the slowest rank's (MPI_MAX over ranks after the loop); the median is reported, the
-# lower middle one for an even count as comm-bench -z 1 does. The MPI calls: MPI_Allreduce
+# upper middle one for an even count as comm-bench -z 3's time_us_median (nccl-tests' p50). The MPI calls: MPI_Allreduce
 # (MPI_IN_PLACE, MPI_SUM) and MPI_Bcast (root 0) work in place, so our in-place time is compared;
 # MPI_Allgather and MPI_Reduce_scatter_block (MPI_SUM) out of place, so our out-of-place time is.
 # Our other placement is shown beside it for information. Open MPI runs with
@@ -143,7 +143,7 @@ static double median_us(int kind, int in_place, unsigned long long whole, unsign
   free(other);
   if (rank != 0) return 0;
   qsort(slowest, iters, sizeof *slowest, earlier);
-  return slowest[(iters - 1) / 2] * 1e6;
+  return slowest[iters / 2] * 1e6;
 }
 
 int main(int argc, char **argv) {

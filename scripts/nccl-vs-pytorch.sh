@@ -13,7 +13,7 @@
 # SIZES_MB (default "1 16 100"; SIZE_MB=N for one size), ITERS, WARMUP and PYTHON (default
 # python3) change the run. Both sides time the same way: warm-up, then per iteration a barrier and
 # one all-reduce waited for to the end; an iteration's time is the slowest rank's; the median of
-# the iterations is reported.
+# the iterations is reported (ours: comm-bench -z 3, its time_us_median).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN_DIR=${BIN_DIR:-target/release}
@@ -53,7 +53,7 @@ trap 'rm -rf "$work"' EXIT
 for mb in "${sizes_mb[@]}"; do
   bytes=$((mb * 1000000))
   "$BIN_DIR/comm-bench" --backend "$BACKEND" --world-sizes "$WORLD_SIZE" -b "$bytes" -e "$bytes" \
-    -n "$ITERS" -w "$WARMUP" -z 1 --collectives all_reduce -d float --csv "$work/ours-$mb.csv" >&2
+    -n "$ITERS" -w "$WARMUP" -z 3 --collectives all_reduce -d float --csv "$work/ours-$mb.csv" >&2
   # Columns by their header names, so a column added to the CSV cannot shift what is read.
   ours_us=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
     $col["placement"] == "in-place" { print $col["time_us_median"] }' "$work/ours-$mb.csv")

@@ -113,7 +113,7 @@ run_ours() {
     read -r n s b <<<"$p"
     csv="$work/ours-$n-$s.csv"
     "$BIN_DIR/comm-bench" --backend cpu --world-sizes "$n" -b "$b" -e "$b" --collectives "$list" \
-      -n "$ITERS" -w "$WARMUP" -d float -z 1 --csv "$csv" ${transport[@]+"${transport[@]}"} >&2
+      -n "$ITERS" -w "$WARMUP" -d float -z 3 --csv "$csv" ${transport[@]+"${transport[@]}"} >&2
     awk -v ranks="$n" -v size="$s" -v script="$peer_script" '
       function fields(line, out,   i, c, n, field, quoted) {
         n = 0; field = ""; quoted = 0

@@ -12,17 +12,30 @@ use crate::units::parse_bytes;
 /// What is timed, for `--help` (docs/src/benchmarking.md says the same at more length).
 pub const TIMING_HELP: &str = "\
 WHAT IS TIMED
-  For each collective, size and placement (out-of-place, then in-place) every rank sets up its
-  buffers, then runs -w warm-up iterations untimed and -n timed ones, each of -m calls (one NCCL
-  group when -m > 1). Times are per call and the slowest rank's (the ranks' times are reduced with
-  max after the loop, outside the timed region). Waits are for the device's work: on NCCL the
-  stream is waited for, so the time includes the GPU's work.
-  -z 0 (default, nccl-tests' default): after a barrier the timed iterations are enqueued back to
-    back and waited for once at the end; time = total / (iterations x -m). Launch costs hide
-    behind the previous call's work, as in a training loop.
-  -z 1: each iteration starts after a barrier and is waited for before the next; its time runs
-    from the call to the end of its work (the barrier is not counted, unlike nccl-tests' -z 1,
-    which counts it); the table shows the median, --csv and --json also the min and max.
+  As nccl-tests times it. For each collective, size and placement (out-of-place, then in-place)
+  every rank sets up its buffers, runs -w warm-up iterations untimed, meets the others at a
+  barrier, then runs -n timed iterations, each of -m calls (one NCCL group when -m > 1). Waits are
+  for the device's work: on NCCL the stream is waited for, so times include the GPU's work.
+  A rank's time is the host clock's (a steady clock, as nccl-tests' timer), per call:
+  -z 0 (default, nccl-tests' default): from the first launch to the end of the last call's work,
+    the iterations enqueued back to back and waited for once; / (iterations x -m). Launch costs
+    hide behind the previous call's work, as in a training loop.
+  -z 1: the whole loop, each iteration waited for and followed by a barrier that is counted;
+    / (iterations x -m).
+  -z 3: each iteration from its launch to the end of its work, summed, the barrier between
+    iterations not counted; / (iterations x -m): the latency of one collective on its own.
+  (nccl-tests' -z 2, a wait and no barrier, is not offered.) The table's time is the ranks' times
+  combined as -a says, as nccl-tests' -a: 0 rank 0's, 1 (default) the mean over ranks, 2 the
+  fastest rank's, 3 the slowest rank's. The ranks' times travel after the loop, outside it.
+  Per iteration: each iteration's time is the slowest rank's; with -I 1 (nccl-tests'
+  per-iteration timing) it is read between marks on the rank's own clock of its work, CUDA events
+  on the rank's stream on NCCL (cuEventElapsedTime: with -z 0 and -z 1 one mark before each
+  iteration and one after the last, so -z 1's includes the barrier; with -z 3 a pair around each
+  iteration's calls), the host clock on the CPU backend. Without -I they come from the host clock
+  where the loop waits for each iteration (-z 1, -z 3); -z 0 then has one, the loop's. Their
+  median (the upper middle, nccl-tests' p50), min and max are in --csv and --json
+  (time_us_median, time_us_min, time_us_max, and iter_clock says which clock), beside time_us,
+  the table's time.
   The CPU backend's collectives complete before they return, so -z 0 there means back to back
   with no barrier between calls, and -m just repeats the call. CUDA graphs (nccl-tests' -G) are
   not used.
@@ -151,11 +164,24 @@ pub struct BenchArgs {
     pub warmup: Option<usize>,
 
     /// How the timed iterations wait, as nccl-tests' -z: 0 enqueues them back to back and waits
-    /// once (time = total / iterations); 1 waits for each call, every iteration starting after
-    /// a barrier (time = median of the iterations). On the CPU backend every call completes
-    /// before it returns: 0 runs the calls back to back with no barrier between them [default: 0].
-    #[arg(short = 'z', long = "blocking", value_name = "0|1")]
+    /// once; 1 waits for each iteration, then a barrier, the barriers timed too; 3 waits for
+    /// each iteration and times it alone, the barrier between iterations not timed. Time = the
+    /// host clock's over the calls (see WHAT IS TIMED below). On the CPU backend every call completes before it
+    /// returns: 0 runs the calls back to back with no barrier between them [default: 0].
+    #[arg(short = 'z', long = "blocking", value_name = "0|1|3")]
     pub blocking: Option<u8>,
+
+    /// How the ranks' times become the table's, as nccl-tests' -a: 0 rank 0's, 1 the mean over
+    /// ranks (of each rank's mean over iterations), 2 the fastest rank's, 3 the slowest rank's
+    /// [default: 1].
+    #[arg(short = 'a', long = "average", value_name = "0|1|2|3")]
+    pub average: Option<u8>,
+
+    /// Per-iteration timing, as nccl-tests' -I 1: each iteration timed between CUDA events on
+    /// the rank's stream (NCCL; the host clock on the CPU backend), the slowest rank's per
+    /// iteration; their median, min and max go to --csv and --json [default: 0].
+    #[arg(short = 'I', long = "per_iter_timing", value_name = "0|1")]
+    pub per_iter_timing: Option<u8>,
 
     /// Calls per timed iteration, enqueued as one NCCL group (nccl-tests' -m); times are per
     /// call. On the CPU backend the calls simply run one after another [default: 1].
@@ -199,7 +225,8 @@ pub struct BenchArgs {
     pub placement: Option<Placements>,
 
     /// Also write the results as CSV: one row per backend, collective, world size, size, type,
-    /// reduction and placement, with the machine, backend and versions.
+    /// reduction and placement: the table's time (time_us) and the median, min and max over
+    /// iterations (time_us_median, …), with the machine, backend and versions.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
 

@@ -54,7 +54,7 @@ pub fn profiler_line(name: &str, row: &Row) -> String {
     format!(
         "  {:<15}{:.3} ms | AlgBW: {:.2} GB/s | BusBW: {:.2} GB/s",
         format!("{name}:"),
-        row.time_us_median / 1e3,
+        row.time_us / 1e3,
         row.algbw_gbps,
         row.busbw_gbps
     )
@@ -277,7 +277,7 @@ mod tests {
     #[test]
     fn the_profilers_format() {
         let mut r = sample_row();
-        r.time_us_median = 90.0;
+        r.time_us = 90.0;
         r.algbw_gbps = 64.784;
         r.busbw_gbps = 43.186;
         assert_eq!(
@@ -318,7 +318,7 @@ mod tests {
                 r.bytes = bytes;
                 r.count = bytes / 4;
                 r.placement = p.into();
-                r.time_us_median = if p == "in-place" { 1000.0 } else { 2000.0 };
+                r.time_us = if p == "in-place" { 1000.0 } else { 2000.0 };
                 rows.push(r);
             }
         }

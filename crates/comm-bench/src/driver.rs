@@ -14,7 +14,7 @@ use clap::ValueEnum;
 use comm_core::backend::{self, BackendKind, Selection};
 use comm_core::launch::{LaunchArgs, DEFAULT_CPU_RANKS};
 use comm_core::spawn::{self, Outcome, SpawnPlan};
-use comm_core::timing::{Loop, Waiting};
+use comm_core::timing::Loop;
 use comm_core::{BackendChoice, Collective, Communicator, Device, Job, ReduceOp, Topology};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -518,11 +518,10 @@ fn measure_all(
         nodes: (topology.world_size / topology.local_world_size.max(1)).max(1),
         warmup: plan.warmup,
         iters: plan.iters,
-        blocking: match plan.waiting {
-            Waiting::BackToBack => 0,
-            Waiting::EachCall => 1,
-        },
+        blocking: plan.waiting.flag(),
         agg_iters: plan.aggregate,
+        average: plan.average.flag(),
+        per_iter_timing: u8::from(plan.per_iteration),
         started: record::utc_now(),
     };
     let budget = memory_budget(comm, topology.local_world_size)?;
@@ -532,12 +531,16 @@ fn measure_all(
             iters: plan.iters,
             aggregate: plan.aggregate,
             waiting: plan.waiting,
+            per_iteration: plan.per_iteration,
         },
+        average: plan.average,
         checks: plan.checks,
         out_of_place: plan.out_of_place,
         in_place: plan.in_place,
         inject_error: plan.inject_error,
     };
+    // One stopwatch for the whole run: its events are made once and reused by every loop.
+    let mut stopwatch = comm.stopwatch();
     let tables = plan.tables();
     for (i, &(collective, dtype, op)) in tables.iter().enumerate() {
         if i == 0 || tables[i - 1].0 != collective {
@@ -560,7 +563,7 @@ fn measure_all(
                 root: plan.root,
                 bytes,
             };
-            match measure(comm, &case, &opts)? {
+            match measure(comm, &case, &opts, &mut stopwatch)? {
                 Some(m) => sink.send(Event::Line(Row::of(&info, &m)))?,
                 None => sink.send(Event::Skipped(None))?,
             }

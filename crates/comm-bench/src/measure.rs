@@ -8,7 +8,7 @@
 
 use comm_core::check::{self, Mismatch};
 use comm_core::collective::Buffers;
-use comm_core::timing::{time_loop, Loop, Timing};
+use comm_core::timing::{time_loop_with, Average, Loop, Stopwatch, Timing};
 use comm_core::{Collective, CommError, Communicator, DType, Element, ReduceOp, Result};
 
 /// nccl-tests' two ways to call a collective.
@@ -45,8 +45,10 @@ pub struct Case {
 /// How to measure.
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
-    /// The timed loop: warm-up, iterations, -m and -z.
+    /// The timed loop: warm-up, iterations, -m, -z and -I.
     pub timed: Loop,
+    /// How the ranks' times become the reported one (-a).
+    pub average: Average,
     pub checks: usize,
     pub out_of_place: bool,
     pub in_place: bool,
@@ -82,15 +84,21 @@ pub fn shape(c: Collective, bytes: u64, elt: usize, n: usize) -> (usize, u64) {
     (count, c.counts(count, n, 0).whole() as u64)
 }
 
-/// Measures `case` on every rank (all must call it). None when the size holds no element per
-/// rank, or the collective needs more ranks than there are.
-pub fn measure(comm: &Communicator, case: &Case, opts: &Options) -> Result<Option<Measured>> {
+/// Measures `case` on every rank (all must call it), marking iterations with `stopwatch` when
+/// -I asks (one stopwatch for a whole run reuses its events). None when the size holds no
+/// element per rank, or the collective needs more ranks than there are.
+pub fn measure(
+    comm: &Communicator,
+    case: &Case,
+    opts: &Options,
+    stopwatch: &mut Stopwatch,
+) -> Result<Option<Measured>> {
     #[allow(unreachable_patterns)] // with comm-core's f16 feature DType has more variants
     match case.dtype {
-        DType::F32 => measure_as::<f32>(comm, case, opts),
-        DType::F64 => measure_as::<f64>(comm, case, opts),
-        DType::I32 => measure_as::<i32>(comm, case, opts),
-        DType::I64 => measure_as::<i64>(comm, case, opts),
+        DType::F32 => measure_as::<f32>(comm, case, opts, stopwatch),
+        DType::F64 => measure_as::<f64>(comm, case, opts, stopwatch),
+        DType::I32 => measure_as::<i32>(comm, case, opts, stopwatch),
+        DType::I64 => measure_as::<i64>(comm, case, opts, stopwatch),
         other => Err(CommError::Usage(format!(
             "comm-bench does not measure {other} yet"
         ))),
@@ -101,6 +109,7 @@ fn measure_as<T: Element>(
     comm: &Communicator,
     case: &Case,
     opts: &Options,
+    stopwatch: &mut Stopwatch,
 ) -> Result<Option<Measured>> {
     let n = comm.world_size();
     let described = case.collective.describe();
@@ -114,7 +123,9 @@ fn measure_as<T: Element>(
             case.root
         )));
     }
-    let run = |in_place| placement_outcome::<T>(comm, &check_case(case, count, in_place), opts);
+    let mut run = |in_place| {
+        placement_outcome::<T>(comm, &check_case(case, count, in_place), opts, stopwatch)
+    };
     let out_of_place = match opts.out_of_place {
         true => Some(run(false)?),
         false => None,
@@ -175,10 +186,13 @@ fn placement_outcome<T: Element>(
     comm: &Communicator,
     case: &check::Case,
     opts: &Options,
+    stopwatch: &mut Stopwatch,
 ) -> Result<Outcome> {
     let timing = {
         let mut buffers = case.buffers::<T>(comm)?;
-        time_loop(comm, &opts.timed, || case.call(comm, &mut buffers))?
+        time_loop_with(comm, &opts.timed, stopwatch, || {
+            case.call(comm, &mut buffers)
+        })?
     };
     if opts.checks == 0 {
         return Ok(Outcome {

@@ -1,6 +1,6 @@
 //! What to measure: the flags, a preset's values under them, and the defaults under both.
 
-use comm_core::timing::Waiting;
+use comm_core::timing::{Average, Waiting};
 use comm_core::{BackendChoice, Collective, DType, ReduceOp};
 
 use crate::cli::{BenchArgs, Placements, Preset};
@@ -19,6 +19,10 @@ pub struct Plan {
     pub warmup: usize,
     /// How the timed iterations wait (-z).
     pub waiting: Waiting,
+    /// How the ranks' times become the reported one (-a).
+    pub average: Average,
+    /// Each iteration timed between marks: CUDA events on NCCL (-I 1).
+    pub per_iteration: bool,
     /// Calls per timed iteration (-m).
     pub aggregate: usize,
     pub checks: usize,
@@ -140,12 +144,26 @@ impl Plan {
         if iters == 0 {
             return Err("-n/--iters 0: time at least one iteration".into());
         }
-        let waiting = match args.blocking.unwrap_or(0) {
-            0 => Waiting::BackToBack,
-            1 => Waiting::EachCall,
-            z => {
+        let z = args.blocking.unwrap_or(0);
+        let waiting = Waiting::from_flag(z).ok_or_else(|| {
+            format!(
+                "-z/--blocking {z}: give 0 (back to back, one wait), 1 (wait for each iteration, \
+                 then a barrier, all timed) or 3 (wait for each iteration, the barrier not timed)"
+            )
+        })?;
+        let a = args.average.unwrap_or(1);
+        let average = Average::from_flag(a).ok_or_else(|| {
+            format!(
+                "-a/--average {a}: give 0 (rank 0's time), 1 (the mean over ranks), 2 (the \
+                 fastest rank's) or 3 (the slowest rank's)"
+            )
+        })?;
+        let per_iteration = match args.per_iter_timing.unwrap_or(0) {
+            0 => false,
+            1 => true,
+            i => {
                 return Err(format!(
-                    "-z/--blocking {z}: give 0 (back to back, one wait) or 1 (wait for each call)"
+                    "-I/--per_iter_timing {i}: give 0 (off) or 1 (time each iteration)"
                 ))
             }
         };
@@ -162,6 +180,8 @@ impl Plan {
             iters,
             warmup: args.warmup.unwrap_or(5),
             waiting,
+            average,
+            per_iteration,
             aggregate,
             checks: args.check.unwrap_or(1),
             out_of_place: placement != Placements::InPlace,
@@ -214,6 +234,7 @@ mod tests {
         assert_eq!(p.sizes.last(), Some(&(64 << 20)));
         assert_eq!((p.iters, p.warmup, p.checks, p.root), (20, 5, 1, 0));
         assert_eq!((p.waiting, p.aggregate), (Waiting::BackToBack, 1));
+        assert_eq!((p.average, p.per_iteration), (Average::Mean, false));
         assert!(p.in_place && p.out_of_place);
         assert_eq!(p.backends, vec![BackendChoice::Auto]);
         assert_eq!(p.world_sizes, None);
@@ -232,9 +253,26 @@ mod tests {
         let blocking = plan(&["-z", "1", "-m", "4"]).unwrap();
         assert_eq!(
             (blocking.waiting, blocking.aggregate),
-            (Waiting::EachCall, 4)
+            (Waiting::BarrierEach, 4)
         );
-        assert!(plan(&["-z", "2"]).unwrap_err().contains("-z/--blocking 2"));
+        let each = plan(&["-z", "3", "-a", "3", "-I", "1"]).unwrap();
+        assert_eq!(
+            (each.waiting, each.average, each.per_iteration),
+            (Waiting::EachCall, Average::Max, true)
+        );
+        for (a, average) in [("0", Average::Rank0), ("2", Average::Min)] {
+            assert_eq!(plan(&["--average", a]).unwrap().average, average);
+        }
+        // nccl-tests' 2 (no barrier) is not offered; -a and -I have nccl-tests' ranges.
+        for (flags, said) in [
+            (["-z", "2"], "-z/--blocking 2: give 0"),
+            (["-z", "4"], "-z/--blocking 4"),
+            (["-a", "7"], "-a/--average 7: give 0 (rank 0's time)"),
+            (["-I", "2"], "-I/--per_iter_timing 2"),
+        ] {
+            let e = plan(&flags).unwrap_err();
+            assert!(e.contains(said) && !e.contains('\n'), "{e}");
+        }
         assert!(plan(&["-m", "0"]).unwrap_err().contains("-m/--agg_iters 0"));
         assert_eq!((p.dtypes[0], p.ops[0]), (DType::F64, ReduceOp::Max));
         let p = plan(&["-b", "1K", "-e", "4K", "-i", "1K"]).unwrap();

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::Path;
 
-use comm_core::timing::{algbw, busbw};
+use comm_core::timing::{algbw, busbw, Average, Clock};
 use comm_core::Collective;
 use serde::{Deserialize, Serialize};
 
@@ -33,19 +33,37 @@ pub struct Row {
     pub placement: String,
     pub warmup: usize,
     pub iters: usize,
-    /// nccl-tests' -z: 0 back to back with one wait, 1 each call waited for (rows written before
-    /// the flag existed were timed as 1).
+    /// nccl-tests' -z: 0 back to back with one wait, 1 each iteration waited for then a barrier
+    /// (timed), 3 each iteration waited for and timed alone (rows written before -z existed were
+    /// timed as 3 is; rows written before -z 3 existed have 1 for that way).
     #[serde(default = "each_call")]
     pub blocking: u8,
     /// Calls per timed iteration (-m).
     #[serde(default = "one")]
     pub agg_iters: usize,
-    /// Per call, in microseconds: the median over iterations with -z 1 (min and max beside it),
-    /// the loop's total over its calls with -z 0 (min = median = max). The slowest rank's.
+    /// nccl-tests' -a, how the ranks' times became `time_us`: 0 rank 0's, 1 the mean over ranks,
+    /// 2 the fastest rank's, 3 the slowest rank's. Empty in rows written before -a existed, whose
+    /// time was the median below.
+    #[serde(default)]
+    pub average: Option<u8>,
+    /// nccl-tests' -I: 1 when each iteration was timed between marks (CUDA events on NCCL).
+    #[serde(default)]
+    pub per_iter_timing: u8,
+    /// The table's time, per call, in microseconds: each rank's host-clock time over the loop
+    /// (as -z says) over its calls, combined over ranks as `average` says. Rows written before
+    /// it existed get their median here when read.
+    #[serde(default = "missing")]
+    pub time_us: f64,
+    /// Per call, in microseconds, over the timed iterations, each iteration the slowest rank's:
+    /// the median (nccl-tests' p50, the upper middle), min and max. One iteration time for the
+    /// whole loop with -z 0 and no -I (min = median = max).
     pub time_us_median: f64,
     pub time_us_min: f64,
     pub time_us_max: f64,
-    /// GB/s from the median time.
+    /// Where the iteration times come from: "host clock" or "CUDA events".
+    #[serde(default = "host_clock")]
+    pub iter_clock: String,
+    /// GB/s from `time_us`, nccl-tests' formulas.
     pub algbw_gbps: f64,
     pub busbw_gbps: f64,
     /// Wrong elements summed over ranks; empty when the check was off.
@@ -71,15 +89,28 @@ pub struct RunInfo {
     pub nodes: usize,
     pub warmup: usize,
     pub iters: usize,
-    /// nccl-tests' -z (0: back to back, one wait; 1: each call waited for).
+    /// nccl-tests' -z (0: back to back, one wait; 1: each iteration waited for, then a barrier,
+    /// timed; 3: each iteration waited for and timed alone).
     pub blocking: u8,
     /// Calls per timed iteration (-m).
     pub agg_iters: usize,
+    /// nccl-tests' -a (0 rank 0, 1 mean, 2 min, 3 max over ranks).
+    pub average: u8,
+    /// nccl-tests' -I (1: iterations timed between marks).
+    pub per_iter_timing: u8,
     pub started: String,
 }
 
 fn each_call() -> u8 {
     1
+}
+
+fn missing() -> f64 {
+    f64::NAN
+}
+
+fn host_clock() -> String {
+    Clock::Host.name().into()
 }
 
 fn one() -> usize {
@@ -99,7 +130,10 @@ impl Row {
     }
 
     fn one(info: &RunInfo, m: &Measured, placement: Placement, o: &Outcome) -> Row {
-        let median = o.timing.median();
+        let average = info.average;
+        let time = o
+            .timing
+            .time(Average::from_flag(average).unwrap_or_default());
         Row {
             backend: info.backend.clone(),
             collective: m.collective.name().into(),
@@ -115,11 +149,15 @@ impl Row {
             iters: info.iters,
             blocking: info.blocking,
             agg_iters: info.agg_iters,
-            time_us_median: median * 1e6,
+            average: Some(average),
+            per_iter_timing: info.per_iter_timing,
+            time_us: time * 1e6,
+            time_us_median: o.timing.median() * 1e6,
             time_us_min: o.timing.min() * 1e6,
             time_us_max: o.timing.max() * 1e6,
-            algbw_gbps: algbw(m.bytes as usize, median),
-            busbw_gbps: busbw(m.collective, info.world_size, m.bytes as usize, median),
+            iter_clock: o.timing.clock.name().into(),
+            algbw_gbps: algbw(m.bytes as usize, time),
+            busbw_gbps: busbw(m.collective, info.world_size, m.bytes as usize, time),
             wrong: o.wrong,
             host: info.host.clone(),
             machine: info.machine.clone(),
@@ -152,15 +190,23 @@ pub fn write_json(path: &Path, rows: &[Row]) -> Result<(), String> {
 }
 
 /// Reads rows written by [`write_csv`] or [`write_json`] (told apart by the first character).
+/// Rows written before `time_us` existed get their median as `time_us` (what their table showed).
 pub fn read(path: &Path) -> Result<Vec<Row>, String> {
     let fail = |e: &dyn std::fmt::Display| format!("cannot read {}: {e}", path.display());
     let text = std::fs::read_to_string(path).map_err(|e| fail(&e))?;
-    if text.trim_start().starts_with('[') {
-        return serde_json::from_str(&text).map_err(|e| fail(&e));
-    }
-    let mut rows = Vec::new();
-    for row in csv::Reader::from_reader(BufReader::new(text.as_bytes())).deserialize() {
-        rows.push(row.map_err(|e| fail(&e))?);
+    let mut rows: Vec<Row> = if text.trim_start().starts_with('[') {
+        serde_json::from_str(&text).map_err(|e| fail(&e))?
+    } else {
+        let mut rows = Vec::new();
+        for row in csv::Reader::from_reader(BufReader::new(text.as_bytes())).deserialize() {
+            rows.push(row.map_err(|e| fail(&e))?);
+        }
+        rows
+    };
+    for r in &mut rows {
+        if r.time_us.is_nan() {
+            r.time_us = r.time_us_median;
+        }
     }
     Ok(rows)
 }
@@ -231,9 +277,13 @@ pub(crate) fn sample_row() -> Row {
         iters: 20,
         blocking: 0,
         agg_iters: 1,
-        time_us_median: 1234.5678901234,
+        average: Some(1),
+        per_iter_timing: 0,
+        time_us: 1234.5678901234,
+        time_us_median: 1200.0,
         time_us_min: 1000.0,
         time_us_max: 2000.0,
+        iter_clock: "host clock".into(),
         algbw_gbps: 0.1 + 0.2,
         busbw_gbps: 1.0 / 3.0,
         wrong: Some(0),
@@ -246,8 +296,100 @@ pub(crate) fn sample_row() -> Row {
 }
 
 #[cfg(test)]
+pub(crate) fn sample_info() -> RunInfo {
+    RunInfo {
+        backend: "cpu".into(),
+        backend_version: "tcp".into(),
+        machine: "m".into(),
+        host: "h".into(),
+        world_size: 2,
+        nodes: 1,
+        warmup: 5,
+        iters: 20,
+        blocking: 0,
+        agg_iters: 1,
+        average: 1,
+        per_iter_timing: 0,
+        started: String::new(),
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
+    use comm_core::timing::Timing;
+    use comm_core::{DType, ReduceOp};
+
+    /// The row's time is nccl-tests' (-a over the ranks' times), its bandwidths from it, and the
+    /// iteration statistics beside it.
+    #[test]
+    fn a_row_holds_the_time_average_asks_for_and_the_iterations_beside_it() {
+        let timing = Timing {
+            ranks: vec![2e-3, 4e-3],
+            iterations: vec![5e-3, 3e-3, 4e-3, 6e-3],
+            clock: Clock::CudaEvents,
+        };
+        let m = Measured {
+            collective: Collective::AllReduce,
+            dtype: DType::F32,
+            op: Some(ReduceOp::Sum),
+            root: None,
+            bytes: 1_000_000,
+            count: 250_000,
+            out_of_place: None,
+            in_place: Some(Outcome {
+                timing,
+                wrong: Some(0),
+            }),
+        };
+        for (average, us) in [(0, 2000.0), (1, 3000.0), (2, 2000.0), (3, 4000.0)] {
+            let info = RunInfo {
+                average,
+                ..sample_info()
+            };
+            let rows = Row::of(&info, &m);
+            assert_eq!(rows.len(), 1);
+            let r = &rows[0];
+            assert_eq!(
+                (r.placement.as_str(), r.average),
+                ("in-place", Some(average))
+            );
+            assert!((r.time_us - us).abs() < 1e-9, "-a {average}: {}", r.time_us);
+            let algbw = 1e6 / (us * 1e-6) / 1e9;
+            assert!((r.algbw_gbps - algbw).abs() < 1e-9, "{r:?}");
+            // all_reduce on 2 ranks: busbw = algbw x 2(n-1)/n = algbw.
+            assert!((r.busbw_gbps - algbw).abs() < 1e-9, "{r:?}");
+            // Sorted 3, 4, 5, 6 ms: p50 is sorted[2].
+            let stats = (r.time_us_median, r.time_us_min, r.time_us_max);
+            assert!((stats.0 - 5000.0).abs() < 1e-9, "{stats:?}");
+            assert!((stats.1 - 3000.0).abs() < 1e-9 && (stats.2 - 6000.0).abs() < 1e-9);
+            assert_eq!(r.iter_clock, "CUDA events");
+        }
+    }
+
+    /// Files written before -a and -z 3: their time was the median, and `read` says so.
+    #[test]
+    fn rows_written_before_the_time_column_read_their_median_as_the_time() {
+        let dir = std::env::temp_dir().join(format!("comm-bench-old-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("old.csv");
+        std::fs::write(
+            &path,
+            "backend,collective,world_size,nodes,bytes,count,dtype,redop,root,placement,warmup,\
+             iters,blocking,agg_iters,time_us_median,time_us_min,time_us_max,algbw_gbps,\
+             busbw_gbps,wrong,host,machine,backend_version,comm_bench_version,started\n\
+             cpu,all_reduce,2,1,1000000,250000,float,sum,-1,in-place,5,20,1,1,1800,1700,2100,\
+             0.5556,0.5556,0,laptop,CPU (2 cores),tcp,0.1.0,2026-01-01T00:00:00Z\n",
+        )
+        .unwrap();
+        let rows = read(&path).unwrap();
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        assert_eq!((r.time_us, r.time_us_median), (1800.0, 1800.0));
+        assert_eq!((r.average, r.per_iter_timing), (None, 0));
+        assert_eq!(r.iter_clock, "host clock");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn csv_and_json_round_trip() {
@@ -256,7 +398,8 @@ mod tests {
         let mut rows = vec![sample_row(), sample_row()];
         rows[1].wrong = None;
         rows[1].placement = "in-place".into();
-        rows[1].time_us_median = 1e-3;
+        rows[1].time_us = 1e-3;
+        rows[1].average = Some(3);
         for (name, write) in [
             (
                 "r.csv",

@@ -2,8 +2,8 @@
 //! run, as the course compares them) → PNG and SVG plots, markdown tables and observations
 //! computed from the numbers.
 //!
-//! Per collective: median time vs size and busbw vs size (log axes), one line per backend and
-//! world size; the median time of each at the size nearest 100 MB; a table of every row; and a few
+//! Per collective: time vs size and busbw vs size (log axes), one line per backend and
+//! world size; the time of each at the size nearest 100 MB; a table of every row; and a few
 //! sentences: where bandwidth saturates, how it scales with ranks, how the backends compare.
 
 use std::collections::BTreeMap;
@@ -58,7 +58,7 @@ fn register_fonts() {
 }
 
 fn median_row(mut rows: Vec<Row>) -> Row {
-    rows.sort_by(|a, b| a.time_us_median.total_cmp(&b.time_us_median));
+    rows.sort_by(|a, b| a.time_us.total_cmp(&b.time_us));
     rows.swap_remove((rows.len() - 1) / 2)
 }
 
@@ -172,7 +172,11 @@ pub fn report_as(files: &[PathBuf], out: &Path, naming: Naming) -> Result<Report
     let _ = writeln!(md, "From {}.\n", sources.join(", "));
     md.push_str(&machines_table(&rows));
     md.push_str(
-        "\nTime: median over iterations of the slowest rank's time. algbw = size / time; busbw = \
+        "\nTime: nccl-tests' time, per call: each rank's host-clock time over the timed loop (as the \
+         row's `blocking`, nccl-tests' -z, says), combined over ranks as its `average` (nccl-tests' \
+         -a) says: 0 rank 0's, 1 the mean, 2 the fastest rank's, 3 the slowest's; rows written \
+         before comm-bench had -a hold the median over iterations of the slowest rank. median, min \
+         and max: over iterations, each the slowest rank's. algbw = size / time; busbw = \
          algbw × 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter, alltoall), 1 \
          (broadcast, reduce, sendrecv). Plots show out-of-place results where they were measured, else \
          in-place.\n",
@@ -239,9 +243,10 @@ pub fn report_as(files: &[PathBuf], out: &Path, naming: Naming) -> Result<Report
     let mut texts = vec![("report.md", md)];
     if naming == Naming::Course {
         let head = format!(
-            "Analysis of {}\n\nTimes are the slowest rank's median; algbw = size / time, busbw = algbw x \
-             2(n-1)/n for all_reduce (nccl-tests' bus bandwidth). Observations are computed from the \
-             numbers.\n\n",
+            "Analysis of {}\n\nTimes are nccl-tests' time column: per call, on the host clock, \
+             combined over ranks as each row's -a says (the mean over ranks by default); algbw = \
+             size / time, busbw = algbw x 2(n-1)/n for all_reduce (nccl-tests' bus bandwidth). \
+             Observations are computed from the numbers.\n\n",
             sources.join(", ").replace('`', "")
         );
         texts.extend([
@@ -282,8 +287,8 @@ fn summary_table(series: &[Series]) -> String {
             human_bytes(first.bytes as f64),
             human_bytes(last.bytes as f64),
             s.points.len(),
-            first.time_us_median / 1e3,
-            last.time_us_median / 1e3,
+            first.time_us / 1e3,
+            last.time_us / 1e3,
             peak.busbw_gbps,
             human_bytes(peak.bytes as f64),
             mean
@@ -346,19 +351,20 @@ fn rows_table(rows: &[&Row]) -> String {
             ))
     });
     let mut t = String::from(
-        "| backend | ranks | size | type | redop | placement | median ms | min ms | max ms | algbw GB/s | busbw GB/s | #wrong |\n\
-         | --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| backend | ranks | size | type | redop | placement | time ms | median ms | min ms | max ms | algbw GB/s | busbw GB/s | #wrong |\n\
+         | --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for r in sorted {
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.2} | {:.2} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.2} | {:.2} | {} |",
             r.backend,
             r.world_size,
             human_bytes(r.bytes as f64),
             r.dtype,
             r.redop,
             r.placement,
+            r.time_us / 1e3,
             r.time_us_median / 1e3,
             r.time_us_min / 1e3,
             r.time_us_max / 1e3,
@@ -429,15 +435,12 @@ fn plots(
         (
             "time",
             Lines {
-                title: format!("{name}: median time vs size"),
+                title: format!("{name}: time vs size"),
                 y_desc: "time (ms)",
                 lines: series
                     .iter()
                     .map(|s| {
-                        let p = s
-                            .points
-                            .iter()
-                            .map(|r| (r.bytes as f64, r.time_us_median / 1e3));
+                        let p = s.points.iter().map(|r| (r.bytes as f64, r.time_us / 1e3));
                         (s.label.clone(), p.collect())
                     })
                     .collect(),
@@ -479,7 +482,7 @@ fn plots(
             near_100mb(s).map(|r| {
                 (
                     format!("{}, {} ranks", s.backend, s.world_size),
-                    r.time_us_median / 1e3,
+                    r.time_us / 1e3,
                     r.bytes,
                 )
             })
@@ -487,7 +490,7 @@ fn plots(
         .collect();
     if !bars.is_empty() {
         let stem = plot_stem(naming, file, "100MB");
-        let title = format!("{name} at 100 MB: median time by backend and ranks");
+        let title = format!("{name} at 100 MB: time by backend and ranks");
         let png = out.join(format!("{stem}.png"));
         let svg = out.join(format!("{stem}.svg"));
         draw_bars(
@@ -620,7 +623,7 @@ where
             SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
             _ => String::new(),
         })
-        .y_desc("median time (ms, log)")
+        .y_desc("time (ms, log)")
         .y_label_formatter(&|v| number(*v))
         .label_style(("sans-serif", 15))
         .draw()
@@ -709,7 +712,7 @@ pub fn observe(name: &str, series: &[Series]) -> Vec<String> {
                 gbps(peak.busbw_gbps),
                 sized(peak.bytes),
                 sized(smallest.bytes),
-                ms(smallest.time_us_median)
+                ms(smallest.time_us)
             )
         };
         out.push(text);
@@ -761,7 +764,7 @@ pub fn observe(name: &str, series: &[Series]) -> Vec<String> {
             "{name} on {backend} at {}, {} ranks: time {}, busbw {}{}{verdict}.",
             sized(bytes),
             join(&|r| r.world_size.to_string()),
-            join(&|r| ms(r.time_us_median)),
+            join(&|r| ms(r.time_us)),
             join(&|r| gbps(r.busbw_gbps)),
             if verdict.is_empty() { "" } else { "; " },
         ));
@@ -779,18 +782,18 @@ pub fn observe(name: &str, series: &[Series]) -> Vec<String> {
         if backends.len() < 2 {
             continue;
         }
-        list.sort_by(|a, b| a.1.time_us_median.total_cmp(&b.1.time_us_median));
+        list.sort_by(|a, b| a.1.time_us.total_cmp(&b.1.time_us));
         let (fast, slow) = (list[0], list[list.len() - 1]);
         out.push(format!(
             "{name} near 100 MB on {ws} ranks: {} takes {} ({} busbw), {} takes {} ({} busbw): {} is {:.1}x faster.",
             fast.0.backend,
-            ms(fast.1.time_us_median),
+            ms(fast.1.time_us),
             gbps(fast.1.busbw_gbps),
             slow.0.backend,
-            ms(slow.1.time_us_median),
+            ms(slow.1.time_us),
             gbps(slow.1.busbw_gbps),
             fast.0.backend,
-            slow.1.time_us_median / fast.1.time_us_median
+            slow.1.time_us / fast.1.time_us
         ));
     }
     out
@@ -810,7 +813,7 @@ mod tests {
             backend: backend.into(),
             world_size: ws,
             bytes,
-            time_us_median: us,
+            time_us: us,
             busbw_gbps: busbw,
             ..sample_row()
         }
@@ -858,7 +861,7 @@ mod tests {
         let refs: Vec<&Row> = rows.iter().collect();
         let s = series(&refs);
         assert_eq!(s[0].points.len(), 1);
-        assert_eq!(s[0].points[0].time_us_median, 7.0);
+        assert_eq!(s[0].points[0].time_us, 7.0);
     }
 
     #[test]

@@ -2,10 +2,12 @@
 //! and #wrong out-of-place and in-place; a block per collective and world size, closed by the
 //! average bus bandwidth.
 
+use comm_core::timing::{Average, Waiting};
+
 use crate::plan::Plan;
 use crate::record::{Row, RunInfo};
 
-/// The lines that open a block.
+/// The lines that open a block: what ran, then exactly what the time column is.
 pub fn header(info: &RunInfo, collective: &str, plan: &Plan) -> String {
     let nodes = match info.nodes {
         1 => "1 node".to_string(),
@@ -13,7 +15,8 @@ pub fn header(info: &RunInfo, collective: &str, plan: &Plan) -> String {
     };
     format!(
         "# comm-bench {}: {collective} on {} ranks ({nodes}), backend {} ({}), host {}, {}\n\
-         # minBytes {} maxBytes {} warmup iters: {} iters: {} agg iters: {} blocking: {} check: {}; time = {}\n\
+         # minBytes {} maxBytes {} warmup iters: {} iters: {} agg iters: {} blocking: {} average: {} per-iter timing: {} check: {}\n\
+         {}\
          #\n\
          #                                                              out-of-place                       in-place\n\
          #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n\
@@ -30,11 +33,41 @@ pub fn header(info: &RunInfo, collective: &str, plan: &Plan) -> String {
         info.iters,
         info.agg_iters,
         info.blocking,
+        info.average,
+        info.per_iter_timing,
         plan.checks,
-        match info.blocking {
-            0 => "total / calls, enqueued back to back and waited for once, slowest rank",
-            _ => "median over iterations, each call waited for, slowest rank",
-        },
+        what_is_timed(info),
+    )
+}
+
+/// Two comment lines: what the time column is (-a over the ranks' host-clock times, as -z
+/// says), and where the per-iteration statistics of --csv and --json come from (-I).
+pub fn what_is_timed(info: &RunInfo) -> String {
+    let average = Average::from_flag(info.average).unwrap_or_default();
+    let waiting = Waiting::from_flag(info.blocking).unwrap_or(Waiting::BackToBack);
+    let iterations = match (info.per_iter_timing, waiting) {
+        (1, Waiting::EachCall) if info.backend == "nccl" => {
+            "CUDA events on the rank's stream, a pair around each iteration's calls"
+        }
+        (1, _) if info.backend == "nccl" => {
+            "CUDA events on the rank's stream, one before each iteration and one after the last"
+        }
+        (1, _) => "host clock, a mark before and after each iteration",
+        (_, Waiting::BackToBack) => {
+            "-z 0 times the loop only (min = median = max); -I 1 marks each"
+        }
+        (_, Waiting::BarrierEach) => "host clock, each iteration with the barrier after it",
+        (_, Waiting::EachCall) => {
+            "host clock, each iteration from its launch to the end of its work"
+        }
+    };
+    format!(
+        "# time: per call on the host clock, {} (-z {}); over ranks {} (-a {})\n\
+         # per iteration (median, min, max in --csv/--json): the slowest rank's; {iterations}\n",
+        waiting.describe(),
+        waiting.flag(),
+        average.describe(),
+        average.flag(),
     )
 }
 
@@ -53,7 +86,7 @@ fn placement(row: Option<&Row>) -> String {
     match row {
         Some(r) => format!(
             "  {}  {:6.2}  {:6.2}  {:>5}",
-            time(r.time_us_median),
+            time(r.time_us),
             r.algbw_gbps,
             r.busbw_gbps,
             r.wrong.map_or("N/A".to_string(), |w| w.to_string())
@@ -103,36 +136,24 @@ mod tests {
     #[test]
     fn columns_line_up_with_the_header() {
         let mut out = sample_row();
-        out.time_us_median = 123.45;
+        out.time_us = 123.45;
         out.algbw_gbps = 8.5;
         out.busbw_gbps = 12.75;
         let mut inp = out.clone();
         inp.placement = "in-place".into();
-        inp.time_us_median = 12345.6;
+        inp.time_us = 12345.6;
         inp.wrong = None;
         let l = line(&[out.clone(), inp]);
         assert_eq!(
             l,
             "     1048576        262144     float     sum      -1    123.5    8.50   12.75      0    12346    8.50   12.75    N/A"
         );
-        let info = RunInfo {
-            backend: "cpu".into(),
-            backend_version: "tcp".into(),
-            machine: "m".into(),
-            host: "h".into(),
-            world_size: 2,
-            nodes: 1,
-            warmup: 5,
-            iters: 20,
-            blocking: 0,
-            agg_iters: 1,
-            started: String::new(),
-        };
+        let info = crate::record::sample_info();
         let args = crate::cli::BenchArgs {
             ..<crate::cli::Cli as clap::Parser>::parse_from(["comm-bench"]).bench
         };
         let h = header(&info, "all_reduce", &Plan::resolve(&args).unwrap());
-        let titles = h.lines().nth(4).unwrap();
+        let titles = h.lines().nth(6).unwrap();
         // Every column title ends where its values end.
         for (title, value) in [("size", "1048576"), ("root", "-1"), ("busbw", "12.75")] {
             let t = titles.find(title).unwrap() + title.len();
@@ -145,6 +166,53 @@ mod tests {
             only_out.ends_with("    n/a     n/a     n/a    n/a"),
             "{only_out}"
         );
+    }
+
+    /// The header says what the time column is, for every -z, -a and -I.
+    #[test]
+    fn the_header_says_exactly_what_is_timed() {
+        let said = |blocking, average, per_iter_timing, backend: &str| {
+            what_is_timed(&RunInfo {
+                blocking,
+                average,
+                per_iter_timing,
+                backend: backend.into(),
+                ..crate::record::sample_info()
+            })
+        };
+        let z0 = said(0, 1, 0, "cpu");
+        assert!(
+            z0.starts_with(
+                "# time: per call on the host clock, from a barrier to the end of the last call's \
+                 work, calls enqueued back to back and waited for once (-z 0); over ranks the mean \
+                 (-a 1)\n# per iteration"
+            ),
+            "{z0}"
+        );
+        assert!(z0.contains("-z 0 times the loop only"), "{z0}");
+        let z1 = said(1, 0, 0, "cpu");
+        assert!(
+            z1.contains("followed by a barrier (counted) (-z 1); over ranks rank 0's (-a 0)"),
+            "{z1}"
+        );
+        let z3 = said(3, 3, 0, "cpu");
+        assert!(
+            z3.contains("the barrier between iterations not counted (-z 3); over ranks the slowest rank's (-a 3)"),
+            "{z3}"
+        );
+        assert!(
+            z3.contains("host clock, each iteration from its launch"),
+            "{z3}"
+        );
+        assert!(said(0, 2, 0, "cpu").contains("over ranks the fastest rank's (-a 2)"));
+        // -I 1: CUDA events on NCCL (pairs with -z 3), host-clock marks on the CPU.
+        assert!(said(3, 1, 1, "nccl").contains("CUDA events on the rank's stream, a pair around"));
+        assert!(said(0, 1, 1, "nccl").contains("one before each iteration and one after the last"));
+        assert!(said(0, 1, 1, "cpu").contains("host clock, a mark before and after each"));
+        for text in [z0, z1, z3] {
+            assert_eq!(text.lines().count(), 2, "{text}");
+            assert!(text.lines().all(|l| l.starts_with("# ")), "{text}");
+        }
     }
 
     #[test]

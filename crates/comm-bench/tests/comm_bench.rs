@@ -119,7 +119,9 @@ fn quick_sweep_on_two_and_three_ranks() {
             "{r:?}"
         );
         let c: Collective = r.collective.parse().unwrap();
-        let algbw = r.bytes as f64 / (r.time_us_median * 1e-6) / 1e9;
+        // nccl-tests' algbw, from the table's time (-a 1, the mean over ranks, by default).
+        assert_eq!((r.average, r.blocking), (Some(1), 0), "{r:?}");
+        let algbw = r.bytes as f64 / (r.time_us * 1e-6) / 1e9;
         assert!(
             (r.algbw_gbps - algbw).abs() <= 1e-9 * algbw.max(1.0),
             "{r:?}"
@@ -184,18 +186,37 @@ fn alltoall_on_two_three_and_four_ranks() {
     }
 }
 
-/// nccl-tests' two timing modes on the CPU backend: -z 0 (the default: back to back, one wait,
-/// total / calls) and -z 1 (each call waited for, median), with -m calls per iteration.
+/// nccl-tests' timing modes on the CPU backend, as a user runs them: -z 0 (the default: back to
+/// back, one wait), -z 1 (each iteration waited for, the barrier after it timed) and -z 3 (each
+/// iteration timed alone), with -m calls per iteration, -a's statistics over ranks and -I's
+/// per-iteration marks. The header says what was timed; the CSV keeps it.
 #[test]
-fn both_timing_modes_run_on_the_cpu_backend() {
+fn every_timing_mode_runs_on_the_cpu_backend() {
     let dir = scratch("modes");
-    for (flags, blocking, agg, header) in [
-        (vec![], 0, 1, "time = total / calls, enqueued back to back"),
+    for (flags, blocking, agg, average, per_iter, header) in [
         (
-            vec!["-z", "1", "-m", "3"],
+            vec![],
+            0,
+            1,
+            1,
+            0,
+            "waited for once (-z 0); over ranks the mean (-a 1)",
+        ),
+        (
+            vec!["-z", "1", "-m", "3", "-a", "0"],
             1,
             3,
-            "time = median over iterations, each call",
+            0,
+            0,
+            "followed by a barrier (counted) (-z 1); over ranks rank 0's (-a 0)",
+        ),
+        (
+            vec!["--blocking", "3", "--average", "3", "-I", "1"],
+            3,
+            1,
+            3,
+            1,
+            "the barrier between iterations not counted (-z 3); over ranks the slowest rank's (-a 3)",
         ),
     ] {
         let csv = dir.join(format!("z{blocking}.csv"));
@@ -213,22 +234,51 @@ fn both_timing_modes_run_on_the_cpu_backend() {
         args.extend(flags);
         let (out, stdout, stderr) = run(&args);
         assert!(out.status.success(), "{stdout}\n{stderr}");
-        let said = format!("agg iters: {agg} blocking: {blocking} check: 1; {header}");
+        let said = format!(
+            "agg iters: {agg} blocking: {blocking} average: {average} per-iter timing: {per_iter} check: 1\n# time: per call on the host clock, "
+        );
         assert!(stdout.contains(&said), "{said} in\n{stdout}");
+        assert!(stdout.contains(header), "{header} in\n{stdout}");
+        assert!(
+            stdout.contains("# per iteration (median, min, max in --csv/--json): the slowest rank's; "),
+            "{stdout}"
+        );
+        let text = std::fs::read_to_string(&csv).unwrap();
+        assert!(
+            text.lines().next().unwrap().contains(
+                ",blocking,agg_iters,average,per_iter_timing,time_us,time_us_median,time_us_min,\
+                 time_us_max,iter_clock,algbw_gbps,busbw_gbps,"
+            ),
+            "{text}"
+        );
         let rows = record::read(&csv).unwrap();
         assert_eq!(rows.len(), 3 * 2, "3 sizes, 2 placements");
         for r in &rows {
-            assert_eq!((r.blocking, r.agg_iters, r.wrong), (blocking, agg, Some(0)));
-            assert!(r.time_us_median > 0.0, "{r:?}");
-            if blocking == 0 {
-                // One time for the whole loop.
+            assert_eq!(
+                (r.blocking, r.agg_iters, r.average, r.per_iter_timing, r.wrong),
+                (blocking, agg, Some(average), per_iter, Some(0))
+            );
+            assert_eq!(r.iter_clock, "host clock", "the CPU backend's clock");
+            assert!(r.time_us > 0.0, "{r:?}");
+            assert!(
+                r.time_us_min <= r.time_us_median && r.time_us_median <= r.time_us_max,
+                "{r:?}"
+            );
+            if blocking == 0 && per_iter == 0 {
+                // One time for the whole loop: the slowest rank's.
                 assert_eq!(
                     (r.time_us_min, r.time_us_max),
                     (r.time_us_median, r.time_us_median)
                 );
+                assert!(r.time_us <= r.time_us_median * (1.0 + 1e-9), "mean <= max: {r:?}");
+            }
+            if average == 3 && per_iter == 1 {
+                // -a 3 is the slowest rank's mean: at most its slowest iteration.
+                assert!(r.time_us <= r.time_us_max * (1.0 + 1e-9), "{r:?}");
             }
         }
     }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -333,6 +383,17 @@ fn mistakes_are_explained() {
     let (out, _, stderr) = run(&["-b", "1.5M"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr.contains("is not a size"), "{stderr}");
+    // nccl-tests' ranges: -a 0 to 3, -z 0, 1 or 3 (its 2 is not offered), -I 0 or 1; one line each.
+    for (flags, said) in [
+        (["-a", "7"], "comm-bench: error: -a/--average 7: give 0 (rank 0's time), 1 (the mean over ranks), 2 (the fastest rank's) or 3 (the slowest rank's)\n"),
+        (["-z", "2"], "comm-bench: error: -z/--blocking 2: give 0 (back to back, one wait), 1 (wait for each iteration, then a barrier, all timed) or 3 (wait for each iteration, the barrier not timed)\n"),
+        (["-I", "2"], "comm-bench: error: -I/--per_iter_timing 2: give 0 (off) or 1 (time each iteration)\n"),
+    ] {
+        let (out, stdout, stderr) = run(&flags);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert_eq!(stderr, said, "{flags:?}");
+        assert!(stdout.is_empty(), "{flags:?}: {stdout}");
+    }
     let (out, stdout, _) = run(&["--help"]);
     assert!(out.status.success());
     for documented in [
@@ -341,7 +402,13 @@ fn mistakes_are_explained() {
         "2(n-1)/n",
         "--inject-error",
         "--preset",
-        "-z, --blocking",
+        "-z, --blocking <0|1|3>",
+        "-a, --average <0|1|2|3>",
+        "-I, --per_iter_timing <0|1>",
+        "nccl-tests' -z 2",
+        "the barrier between\n    iterations not counted",
+        "time_us_median",
+        "cuEventElapsedTime",
         "-m, --agg_iters",
         "back to back",
         "On the CPU backend",
@@ -395,11 +462,11 @@ fn report_turns_a_laptop_and_a_cluster_run_into_plots_and_tables() {
     }
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(
-        md.contains("| backend | ranks | size | type | redop | placement | median ms |"),
+        md.contains("| backend | ranks | size | type | redop | placement | time ms | median ms |"),
         "{md}"
     );
     assert!(
-        md.contains("| nccl | 2 | 100 MB | float | sum | in-place | 0.700 |"),
+        md.contains("| nccl | 2 | 100 MB | float | sum | in-place | 0.700 | 0.700 |"),
         "{md}"
     );
     assert!(
@@ -407,9 +474,7 @@ fn report_turns_a_laptop_and_a_cluster_run_into_plots_and_tables() {
         "{md}"
     );
     assert!(
-        md.contains(
-            "![all_reduce at 100 MB: median time by backend and ranks](all_reduce-100MB.png)"
-        ),
+        md.contains("![all_reduce at 100 MB: time by backend and ranks](all_reduce-100MB.png)"),
         "{md}"
     );
     // Observations computed from the numbers, in the report and on stdout.

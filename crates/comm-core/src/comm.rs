@@ -273,6 +273,19 @@ impl Communicator {
         }
     }
 
+    /// A stopwatch on this rank's own clock of its work, for timing iterations between marks:
+    /// CUDA events recorded on the rank's stream on NCCL (read with `cuEventElapsedTime`), the
+    /// host clock on the CPU backend, whose calls are done when they return. Keep it to reuse its
+    /// events from one timed loop to the next ([`time_loop_with`]).
+    ///
+    /// [`time_loop_with`]: crate::timing::time_loop_with
+    pub fn stopwatch(&self) -> crate::timing::Stopwatch {
+        match &self.engine {
+            Engine::Cpu(_) => crate::timing::Stopwatch::host(),
+            Engine::Nccl(nccl) => crate::timing::Stopwatch::events(nccl.timing_events()),
+        }
+    }
+
     /// Blocks until every rank has called it.
     pub fn barrier(&self) -> Result<()> {
         let _range = crate::profile::range(|| "barrier".into());

@@ -1,12 +1,28 @@
-//! How long a collective takes, measured the way nccl-tests does: warm-up iterations first, then
-//! either back to back with one wait at the end (nccl-tests' default) or each call waited for,
-//! every rank starting each iteration together (a barrier, `-z 1`); a time is the slowest rank's.
-//! Waits are for the device's work (NCCL's calls are waited for on the GPU), so the wall-clock
-//! time includes the device time. Bandwidths use nccl-tests' formulas:
-//! algbw = bytes / time, busbw = algbw × a factor that makes the number comparable to a link's
-//! speed whatever the world size (the collective table's [`Collective::bus_factor`]).
+//! How long a collective takes, measured as nccl-tests measures it (its `BenchTime`):
+//!
+//! - warm-up iterations first, untimed; then a barrier, so every rank starts the timed loop
+//!   together; then `iters` iterations of `aggregate` calls (one group when several), waited for
+//!   as nccl-tests' `-z` says ([`Waiting`]);
+//! - **a rank's time** is the host clock's (nccl-tests' `timer`, a steady clock), per call: the
+//!   loop's time over iterations × calls, from the launch of the first call to the end of the
+//!   last one's work (the GPU's work on NCCL, which is waited for); with `-z 3` only the time
+//!   from each iteration's launch to the end of its work counts, not the barriers between them;
+//! - **the time reported** combines the ranks' times as nccl-tests' `-a` says ([`Average`]): by
+//!   default the mean over ranks of each rank's mean over iterations;
+//! - **per iteration** (nccl-tests' `-I 1`), each iteration's time is read between marks on the
+//!   rank's own clock of its work ([`Stopwatch`]: CUDA events on the rank's stream on NCCL,
+//!   `cuEventElapsedTime`; the host clock on the CPU backend, whose calls are done when they
+//!   return), and the slowest rank's is kept for each iteration, as nccl-tests' per-iteration
+//!   report does; the median, min and max are over those. Without marks the iterations are timed
+//!   on the host clock where the loop waits for each (`-z 1`, `-z 3`).
+//!
+//! The ranks' times travel once, after the loop (outside the timed region): one all-reduce with
+//! `Max` of a vector holding every rank's time at its own index (zeros elsewhere) and the
+//! iteration times. Bandwidths use nccl-tests' formulas: algbw = bytes / time, busbw = algbw × a
+//! factor that makes the number comparable to a link's speed whatever the world size (the
+//! collective table's [`Collective::bus_factor`]).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::collective::Collective;
 use crate::comm::Communicator;
@@ -27,24 +43,105 @@ pub fn busbw(collective: Collective, world_size: usize, bytes: usize, seconds: f
     algbw(bytes, seconds) * collective.bus_factor(world_size)
 }
 
-/// Per-iteration times in seconds, each the slowest rank's, the same on every rank.
+/// How the ranks' times become one: nccl-tests' `-a` (its `Allreduce(…, average)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Average {
+    /// `-a 0`: rank 0's time.
+    Rank0,
+    /// `-a 1`, nccl-tests' default: the mean over ranks (of each rank's mean over iterations).
+    #[default]
+    Mean,
+    /// `-a 2`: the fastest rank's.
+    Min,
+    /// `-a 3`: the slowest rank's.
+    Max,
+}
+
+impl Average {
+    /// Every value, in flag order.
+    pub const ALL: [Average; 4] = [Average::Rank0, Average::Mean, Average::Min, Average::Max];
+
+    /// nccl-tests' number for it.
+    pub fn flag(self) -> u8 {
+        self as u8
+    }
+
+    /// From nccl-tests' number; None for anything but 0 to 3.
+    pub fn from_flag(a: u8) -> Option<Average> {
+        Average::ALL.get(usize::from(a)).copied()
+    }
+
+    /// Which time over the ranks is reported, in words ("the mean").
+    pub fn describe(self) -> &'static str {
+        match self {
+            Average::Rank0 => "rank 0's",
+            Average::Mean => "the mean",
+            Average::Min => "the fastest rank's",
+            Average::Max => "the slowest rank's",
+        }
+    }
+}
+
+/// Where per-iteration times come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    /// The host's steady clock (`Instant`).
+    Host,
+    /// CUDA events on the rank's stream (`cuEventElapsedTime`).
+    CudaEvents,
+}
+
+impl Clock {
+    /// "host clock" or "CUDA events", as rows and headers say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Clock::Host => "host clock",
+            Clock::CudaEvents => "CUDA events",
+        }
+    }
+}
+
+/// What a timed loop measured, the same on every rank.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Timing {
-    /// One entry per timed iteration, in the order they ran.
-    pub seconds: Vec<f64>,
+    /// Each rank's time per call over the timed loop, on the host clock (nccl-tests' `deltaSec`
+    /// before its `-a`), by rank.
+    pub ranks: Vec<f64>,
+    /// Per timed iteration, in the order they ran, per call: the slowest rank's time, from
+    /// `clock`. One entry, the slowest rank's loop time per call, when the loop had no marks and
+    /// did not wait for each iteration (`-z 0` without per-iteration timing).
+    pub iterations: Vec<f64>,
+    /// Where `iterations` come from.
+    pub clock: Clock,
 }
 
 impl Timing {
+    /// The time reported, nccl-tests' time column: the ranks' times combined as `average`
+    /// says. 0 when there are none.
+    pub fn time(&self, average: Average) -> f64 {
+        let r = &self.ranks;
+        if r.is_empty() {
+            return 0.0;
+        }
+        match average {
+            Average::Rank0 => r[0],
+            Average::Mean => r.iter().sum::<f64>() / r.len() as f64,
+            Average::Min => r.iter().copied().fold(f64::INFINITY, f64::min),
+            Average::Max => r.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        }
+    }
+
     fn sorted(&self) -> Vec<f64> {
-        let mut s = self.seconds.clone();
+        let mut s = self.iterations.clone();
         s.sort_by(f64::total_cmp);
         s
     }
 
-    /// The middle time (the lower middle for an even count).
+    /// The middle iteration time: the upper middle for an even count (`sorted[n / 2]`), as
+    /// nccl-tests' per-iteration p50. 0 when there are none.
     pub fn median(&self) -> f64 {
         let s = self.sorted();
-        s.get((s.len().max(1) - 1) / 2).copied().unwrap_or(0.0)
+        s.get(s.len() / 2).copied().unwrap_or(0.0)
     }
 
     /// The fastest iteration.
@@ -58,17 +155,75 @@ impl Timing {
     }
 }
 
-/// How a timed loop waits for its collectives: nccl-tests' `-z`.
+/// How a timed loop waits for its collectives: nccl-tests' `-z` (0, 1 and 3; its 2, each call
+/// waited for with no barrier, is not offered).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Waiting {
-    /// nccl-tests' default (`-z 0`): the iterations are enqueued back to back and waited for
-    /// once at the end; an iteration's time is the total over the number of iterations, so the
-    /// launch of one call hides behind the previous one's work.
+    /// `-z 0`, nccl-tests' default: the iterations are enqueued back to back and waited for once
+    /// at the end; a rank's time runs from the first launch to the end of the last call's work,
+    /// over the number of calls, so the launch of one call hides behind the previous one's work.
     BackToBack,
-    /// `-z 1`: every iteration starts after a barrier and is waited for before the next; its time
-    /// runs from the call to the end of its work (the barrier is not counted), and the loop's time
-    /// is the median: the latency of one collective on its own.
+    /// `-z 1`: each iteration is waited for, then the ranks meet at a barrier before the next;
+    /// the rank's clock runs through the whole loop, barriers included, over the number of calls.
+    BarrierEach,
+    /// `-z 3`: each iteration is waited for and timed alone, from its launch to the end of its
+    /// work; the barrier between iterations is not timed. A rank's time is the sum over the
+    /// number of calls: the latency of one collective on its own.
     EachCall,
+}
+
+impl Waiting {
+    /// Every value, in flag order.
+    pub const ALL: [Waiting; 3] = [Waiting::BackToBack, Waiting::BarrierEach, Waiting::EachCall];
+
+    /// nccl-tests' `-z` number.
+    pub fn flag(self) -> u8 {
+        match self {
+            Waiting::BackToBack => 0,
+            Waiting::BarrierEach => 1,
+            Waiting::EachCall => 3,
+        }
+    }
+
+    /// From nccl-tests' `-z` number; None for 2 and anything above 3.
+    pub fn from_flag(z: u8) -> Option<Waiting> {
+        Waiting::ALL.into_iter().find(|w| w.flag() == z)
+    }
+
+    /// What a rank's clock covers, in words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Waiting::BackToBack => {
+                "from a barrier to the end of the last call's work, calls enqueued back to back and \
+                 waited for once"
+            }
+            Waiting::BarrierEach => {
+                "over the whole loop, each iteration waited for and followed by a barrier (counted)"
+            }
+            Waiting::EachCall => {
+                "from each iteration's launch to the end of its work, summed; the barrier between \
+                 iterations not counted"
+            }
+        }
+    }
+
+    /// Marks a loop of `iters` iterations makes: one before each iteration and one after the
+    /// last (shared boundaries), or with `-z 3` a pair around each iteration, as nccl-tests'
+    /// `getEventCount`.
+    pub fn marks(self, iters: usize) -> usize {
+        match self {
+            Waiting::EachCall => 2 * iters,
+            _ => iters + 1,
+        }
+    }
+
+    /// The marks that bound iteration `j`.
+    fn bounds(self, j: usize) -> (usize, usize) {
+        match self {
+            Waiting::EachCall => (2 * j, 2 * j + 1),
+            _ => (j, j + 1),
+        }
+    }
 }
 
 /// A timed loop: `warmup` untimed iterations, then `iters` timed ones, each of `aggregate`
@@ -83,11 +238,115 @@ pub struct Loop {
     pub aggregate: usize,
     /// How the calls are waited for.
     pub waiting: Waiting,
+    /// nccl-tests' `-I 1`: time each iteration between marks of a [`Stopwatch`] (CUDA events on
+    /// NCCL). The marks cost a `cuEventRecord` each inside the timed region, as in nccl-tests.
+    pub per_iteration: bool,
 }
 
-/// Runs `op` `warmup` times untimed, then `iters` times timed. Every iteration starts after a
-/// barrier; its time is the slowest rank's (an all-reduce of the ranks' times with Max, outside
-/// the timed region). The loop of [`Waiting::EachCall`], one call per iteration.
+/// Marks on a rank's own clock of its work, to time iterations between them: CUDA events
+/// recorded on the rank's stream on NCCL (the GPU's clock, behind the work enqueued before each
+/// mark), the host clock on the CPU backend (whose calls are done when they return). Made by
+/// [`Communicator::stopwatch`]; its events are made ahead ([`reserve`](Self::reserve)) and reused
+/// from one loop to the next ([`reset`](Self::reset)), never made inside a timed region.
+pub struct Stopwatch {
+    marks: Marks,
+}
+
+enum Marks {
+    Host(Vec<Instant>),
+    Events(crate::backend::nccl::Events),
+}
+
+impl Stopwatch {
+    /// Marks on the host clock.
+    pub fn host() -> Stopwatch {
+        Stopwatch {
+            marks: Marks::Host(Vec::new()),
+        }
+    }
+
+    /// Marks as CUDA events on an NCCL rank's stream.
+    pub(crate) fn events(events: crate::backend::nccl::Events) -> Stopwatch {
+        Stopwatch {
+            marks: Marks::Events(events),
+        }
+    }
+
+    /// Which clock the marks read.
+    pub fn clock(&self) -> Clock {
+        match self.marks {
+            Marks::Host(_) => Clock::Host,
+            Marks::Events(_) => Clock::CudaEvents,
+        }
+    }
+
+    /// Makes room for `marks` marks (the events, on NCCL), so that marking costs no allocation.
+    pub fn reserve(&mut self, marks: usize) -> Result<()> {
+        match &mut self.marks {
+            Marks::Host(m) => {
+                m.reserve(marks.saturating_sub(m.len()));
+                Ok(())
+            }
+            Marks::Events(e) => e.reserve(marks),
+        }
+    }
+
+    /// Forgets the marks made (keeping the events for the next ones).
+    pub fn reset(&mut self) {
+        match &mut self.marks {
+            Marks::Host(m) => m.clear(),
+            Marks::Events(e) => e.reset(),
+        }
+    }
+
+    /// Marks made since the last reset.
+    pub fn len(&self) -> usize {
+        match &self.marks {
+            Marks::Host(m) => m.len(),
+            Marks::Events(e) => e.len(),
+        }
+    }
+
+    /// Whether no mark was made since the last reset.
+    pub fn is_empty(&self) -> bool {
+        match &self.marks {
+            Marks::Host(m) => m.is_empty(),
+            Marks::Events(e) => e.is_empty(),
+        }
+    }
+
+    /// The next mark: now on the host, or an event behind the work enqueued on the stream.
+    pub fn mark(&mut self) -> Result<()> {
+        match &mut self.marks {
+            Marks::Host(m) => {
+                m.push(Instant::now());
+                Ok(())
+            }
+            Marks::Events(e) => e.mark(),
+        }
+    }
+
+    /// Seconds from mark `from` to mark `to`. On NCCL, read it after the work before `to` was
+    /// waited for; the events are then polled (never slept on) until they complete, which takes
+    /// microseconds.
+    pub fn seconds(&self, from: usize, to: usize) -> Result<f64> {
+        match &self.marks {
+            Marks::Host(m) => match (m.get(from), m.get(to)) {
+                (Some(a), Some(b)) => Ok(b.saturating_duration_since(*a).as_secs_f64()),
+                _ => Err(crate::error::CommError::Usage(format!(
+                    "timing marks {from} and {to}: only {} were made",
+                    m.len()
+                ))),
+            },
+            Marks::Events(e) => e.seconds(from, to),
+        }
+    }
+}
+
+/// Runs `op` `warmup` times untimed, then `iters` times timed, each call waited for and timed
+/// alone on the host clock, the barrier between calls not timed: the loop of [`Waiting::EachCall`]
+/// (`-z 3`), one call per iteration; [`Timing::median`] is the median of the slowest rank's
+/// iteration times.
 pub fn time_iterations(
     comm: &Communicator,
     warmup: usize,
@@ -99,19 +358,32 @@ pub fn time_iterations(
         iters,
         aggregate: 1,
         waiting: Waiting::EachCall,
+        per_iteration: false,
     };
     time_loop(comm, &each_call, op)
 }
 
-/// Times `op` as `plan` says. Every rank must call it. The times are per call (an aggregated
-/// iteration's time over its calls) and the slowest rank's: [`Waiting::EachCall`] gives one per
-/// iteration, [`Waiting::BackToBack`] one for the whole loop.
+/// Times `op` as `plan` says, with a stopwatch of its own (see [`time_loop_with`]).
 pub fn time_loop(
     comm: &Communicator,
     plan: &Loop,
+    op: impl FnMut() -> Result<()>,
+) -> Result<Timing> {
+    let mut stopwatch = comm.stopwatch();
+    time_loop_with(comm, plan, &mut stopwatch, op)
+}
+
+/// Times `op` as `plan` says; every rank must call it. `stopwatch` (from
+/// [`Communicator::stopwatch`], reused from loop to loop) marks the iterations when
+/// `plan.per_iteration`. The times are per call (an aggregated iteration's over its calls).
+pub fn time_loop_with(
+    comm: &Communicator,
+    plan: &Loop,
+    stopwatch: &mut Stopwatch,
     mut op: impl FnMut() -> Result<()>,
 ) -> Result<Timing> {
     let aggregate = plan.aggregate.max(1);
+    let iters = plan.iters;
     // One iteration: `aggregate` calls, grouped when there are several, as nccl-tests does.
     let mut iteration = || -> Result<()> {
         match aggregate {
@@ -125,32 +397,101 @@ pub fn time_loop(
         iteration()?;
     }
     drop(warming);
-    let _timed = crate::profile::range(|| format!("timed loop x{}", plan.iters));
-    let calls = aggregate as f64;
-    let mine = match plan.waiting {
-        Waiting::EachCall => {
-            let mut mine = Vec::with_capacity(plan.iters);
-            for _ in 0..plan.iters {
-                comm.barrier()?;
-                let start = Instant::now();
-                iteration()?;
-                mine.push(start.elapsed().as_secs_f64() / calls);
-            }
-            mine
-        }
+    let marking = plan.per_iteration;
+    stopwatch.reset();
+    if marking {
+        stopwatch.reserve(plan.waiting.marks(iters))?;
+    }
+    let mark = |stopwatch: &mut Stopwatch| match marking {
+        true => stopwatch.mark(),
+        false => Ok(()),
+    };
+    // Every rank starts the timed loop together, as after nccl-tests' Barrier.
+    comm.barrier()?;
+    let timed = crate::profile::range(|| format!("timed loop x{iters}"));
+    // Per iteration on the host clock, where the loop waits for each.
+    let mut host = Vec::with_capacity(iters);
+    let total = match plan.waiting {
         Waiting::BackToBack => {
-            comm.barrier()?;
             let start = Instant::now();
-            comm.batch(|| (0..plan.iters).try_for_each(|_| iteration()))?;
-            let total = start.elapsed().as_secs_f64();
-            vec![total / (plan.iters.max(1) as f64 * calls)]
+            comm.batch(|| {
+                for _ in 0..iters {
+                    mark(stopwatch)?;
+                    iteration()?;
+                }
+                mark(stopwatch)
+            })?;
+            start.elapsed()
+        }
+        Waiting::BarrierEach => {
+            let start = Instant::now();
+            let mut last = start;
+            for _ in 0..iters {
+                mark(stopwatch)?;
+                iteration()?;
+                comm.barrier()?;
+                let now = Instant::now();
+                host.push(now - last);
+                last = now;
+            }
+            mark(stopwatch)?;
+            last - start
+        }
+        Waiting::EachCall => {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let start = Instant::now();
+                // In a batch, so that the closing mark goes right behind the calls on the
+                // stream, before the wait at the batch's end.
+                comm.batch(|| {
+                    mark(stopwatch)?;
+                    iteration()?;
+                    mark(stopwatch)
+                })?;
+                let took = start.elapsed();
+                host.push(took);
+                total += took;
+                comm.barrier()?;
+            }
+            total
         }
     };
-    let mut slowest = comm.buffer(&mine)?;
-    comm.all_reduce(&mut slowest, ReduceOp::Max)?;
+    drop(timed);
+    let calls = (iters.max(1) * aggregate) as f64;
+    let per_call = |d: Duration| d.as_secs_f64() / aggregate as f64;
+    let (iterations, clock) = if marking {
+        let times = (0..iters)
+            .map(|j| {
+                let (from, to) = plan.waiting.bounds(j);
+                Ok(stopwatch.seconds(from, to)? / aggregate as f64)
+            })
+            .collect::<Result<Vec<f64>>>()?;
+        (times, stopwatch.clock())
+    } else if plan.waiting == Waiting::BackToBack {
+        (vec![total.as_secs_f64() / calls], Clock::Host)
+    } else {
+        (host.into_iter().map(per_call).collect(), Clock::Host)
+    };
+    let (ranks, iterations) = gather(comm, total.as_secs_f64() / calls, &iterations)?;
     Ok(Timing {
-        seconds: comm.to_host(&slowest)?,
+        ranks,
+        iterations,
+        clock,
     })
+}
+
+/// Every rank's `mine` by rank, and the slowest rank's value of each of `each`: one all-reduce
+/// with `Max` (times are never negative, so a rank's zeros in the others' slots change nothing).
+fn gather(comm: &Communicator, mine: f64, each: &[f64]) -> Result<(Vec<f64>, Vec<f64>)> {
+    let n = comm.world_size();
+    let mut values = vec![0.0f64; n];
+    values[comm.rank()] = mine;
+    values.extend_from_slice(each);
+    let mut buf = comm.buffer(&values)?;
+    comm.all_reduce(&mut buf, ReduceOp::Max)?;
+    let mut all = comm.to_host(&buf)?;
+    let each = all.split_off(n);
+    Ok((all, each))
 }
 
 #[cfg(test)]
@@ -165,13 +506,97 @@ mod tests {
         assert_eq!(algbw(1, 0.0), 0.0);
     }
 
+    /// nccl-tests' -a on known times: 4 ranks, each rank's time its mean over iterations.
     #[test]
-    fn statistics() {
+    fn average_flags_combine_the_ranks_as_nccl_tests_does() {
+        // Per rank, per iteration (seconds); a rank's time is its mean over iterations.
+        let per_iteration = [
+            [4.0, 6.0, 5.0], // rank 0: 5
+            [1.0, 2.0, 3.0], // rank 1: 2
+            [9.0, 9.0, 9.0], // rank 2: 9
+            [8.0, 7.0, 9.0], // rank 3: 8
+        ];
+        let ranks: Vec<f64> = per_iteration
+            .iter()
+            .map(|it| it.iter().sum::<f64>() / it.len() as f64)
+            .collect();
         let t = Timing {
-            seconds: vec![3.0, 1.0, 2.0, 10.0],
+            ranks,
+            iterations: vec![],
+            clock: Clock::Host,
         };
-        assert_eq!((t.median(), t.min(), t.max()), (2.0, 1.0, 10.0));
-        let t = Timing { seconds: vec![] };
-        assert_eq!(t.median(), 0.0);
+        let by_flag: Vec<f64> = (0..4)
+            .map(|a| t.time(Average::from_flag(a).unwrap()))
+            .collect();
+        assert_eq!(by_flag, vec![5.0, 6.0, 2.0, 9.0]);
+        assert_eq!(Average::default(), Average::Mean);
+        assert_eq!(Average::from_flag(4), None);
+        for a in Average::ALL {
+            assert_eq!(Average::from_flag(a.flag()), Some(a));
+        }
+        let none = Timing { ranks: vec![], ..t };
+        assert_eq!(none.time(Average::Mean), 0.0);
+    }
+
+    #[test]
+    fn iteration_statistics_are_nccl_tests_per_iteration_ones() {
+        let t = Timing {
+            ranks: vec![1.0],
+            iterations: vec![3.0, 1.0, 2.0, 10.0],
+            clock: Clock::Host,
+        };
+        // p50 = sorted[n / 2], the upper middle for an even count, as nccl-tests' -I report.
+        assert_eq!((t.median(), t.min(), t.max()), (3.0, 1.0, 10.0));
+        let odd = Timing {
+            iterations: vec![5.0, 1.0, 3.0],
+            ..t.clone()
+        };
+        assert_eq!(odd.median(), 3.0);
+        let t = Timing {
+            iterations: vec![],
+            ..t
+        };
+        assert_eq!((t.median(), t.min(), t.max()), (0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn blocking_flags_are_nccl_tests_but_two() {
+        assert_eq!(Waiting::ALL.map(Waiting::flag), [0, 1, 3], "-z 0, 1 and 3");
+        for w in Waiting::ALL {
+            assert_eq!(Waiting::from_flag(w.flag()), Some(w));
+        }
+        assert_eq!(Waiting::from_flag(2), None);
+        assert_eq!(Waiting::from_flag(4), None);
+    }
+
+    /// -z modes' arithmetic: which marks bound an iteration (nccl-tests' startEvent/stopEvent),
+    /// and how many a loop makes (its getEventCount).
+    #[test]
+    fn marks_bound_iterations_as_nccl_tests_events_do() {
+        // Boundary events shared: iteration j runs from mark j to mark j + 1.
+        assert_eq!(Waiting::BackToBack.marks(20), 21);
+        assert_eq!(Waiting::BarrierEach.marks(20), 21);
+        assert_eq!(Waiting::BackToBack.bounds(3), (3, 4));
+        assert_eq!(Waiting::BarrierEach.bounds(0), (0, 1));
+        // -z 3: a pair around each iteration, the barrier between pairs outside them.
+        assert_eq!(Waiting::EachCall.marks(20), 40);
+        assert_eq!(Waiting::EachCall.bounds(3), (6, 7));
+    }
+
+    #[test]
+    fn a_host_stopwatch_reads_the_time_between_marks() {
+        let mut s = Stopwatch::host();
+        assert_eq!(s.clock(), Clock::Host);
+        s.reserve(3).unwrap();
+        s.mark().unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        s.mark().unwrap();
+        assert_eq!(s.len(), 2);
+        let t = s.seconds(0, 1).unwrap();
+        assert!(t >= 0.002, "{t}");
+        assert_eq!(s.seconds(1, 0).unwrap(), 0.0, "never negative");
+        assert!(s.seconds(0, 2).is_err(), "no third mark");
+        s.reset();
+        assert!(s.is_empty());
     }
 }

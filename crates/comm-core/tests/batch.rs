@@ -104,50 +104,138 @@ fn a_failing_body_fails_the_batch_and_the_group_with_its_error() {
     }
 }
 
-/// The timed loops comm-bench runs: back to back (one time for the whole loop, per call) or each
-/// call waited for (one time per iteration), `aggregate` calls per iteration in one group.
+/// The timed loops comm-bench runs, nccl-tests' -z 0, 1 and 3, with and without per-iteration
+/// marks (-I), `aggregate` calls per iteration in one group: every call runs, every rank's time
+/// comes back by rank, and the iteration times are the slowest rank's, the same on every rank.
 #[test]
 fn timed_loops_run_every_call_and_report_per_call_times() {
-    use comm_core::timing::{time_loop, Loop, Waiting};
-    let plan = |waiting, aggregate| Loop {
+    use comm_core::timing::{time_loop, time_loop_with, Average, Clock, Loop, Waiting};
+    let plan = |waiting, aggregate, per_iteration| Loop {
         warmup: 2,
         iters: 5,
         aggregate,
         waiting,
+        per_iteration,
     };
+    let cases = [
+        (Waiting::BackToBack, 1, false),
+        (Waiting::BackToBack, 3, false),
+        (Waiting::BackToBack, 2, true),
+        (Waiting::BarrierEach, 1, false),
+        (Waiting::BarrierEach, 4, true),
+        (Waiting::EachCall, 1, false),
+        (Waiting::EachCall, 4, false),
+        (Waiting::EachCall, 2, true),
+    ];
     let results = on_ranks(2, |comm| {
         let mut buf = comm.buffer(&[1i64]).unwrap();
         let mut calls = 0;
-        let mut run = |loop_plan: Loop| {
-            let before = calls;
-            let timing = time_loop(comm, &loop_plan, || {
-                calls += 1;
-                comm.all_reduce(&mut buf, ReduceOp::Max)
+        // One stopwatch for every loop, as comm-bench keeps one per run.
+        let mut stopwatch = comm.stopwatch();
+        cases
+            .iter()
+            .map(|&(waiting, aggregate, marks)| {
+                let before = calls;
+                let op = || {
+                    calls += 1;
+                    comm.all_reduce(&mut buf, ReduceOp::Max)
+                };
+                let loop_plan = plan(waiting, aggregate, marks);
+                let timing = match marks {
+                    true => time_loop_with(comm, &loop_plan, &mut stopwatch, op),
+                    false => time_loop(comm, &loop_plan, op),
+                }
+                .unwrap();
+                (timing, calls - before)
             })
-            .unwrap();
-            (timing.seconds, calls - before)
-        };
-        [
-            run(plan(Waiting::BackToBack, 1)),
-            run(plan(Waiting::BackToBack, 3)),
-            run(plan(Waiting::EachCall, 1)),
-            run(plan(Waiting::EachCall, 4)),
-        ]
+            .collect::<Vec<_>>()
     });
     for (rank, runs) in results.iter().enumerate() {
-        let [(b1, n_b1), (b3, n_b3), (e1, n_e1), (e4, n_e4)] = runs;
-        // (warm-up + timed iterations) x calls per iteration.
-        assert_eq!([*n_b1, *n_b3, *n_e1, *n_e4], [7, 21, 7, 28], "rank {rank}");
-        assert_eq!((b1.len(), b3.len()), (1, 1), "back to back: one time");
-        assert_eq!(
-            (e1.len(), e4.len()),
-            (5, 5),
-            "each call: one time per iteration"
-        );
-        for t in b1.iter().chain(b3).chain(e1).chain(e4) {
-            assert!(*t > 0.0 && *t < 5.0, "rank {rank}: {t}");
+        for ((timing, calls), &(waiting, aggregate, marks)) in runs.iter().zip(&cases) {
+            let case = format!(
+                "rank {rank}, -z {} -m {aggregate} -I {marks}",
+                waiting.flag()
+            );
+            // (warm-up + timed iterations) x calls per iteration.
+            assert_eq!(*calls, 7 * aggregate, "{case}");
+            assert_eq!(timing.ranks.len(), 2, "{case}: a time per rank");
+            // -z 0 without marks: one time for the whole loop; else one per iteration.
+            let per_iteration = if waiting == Waiting::BackToBack && !marks {
+                1
+            } else {
+                5
+            };
+            assert_eq!(timing.iterations.len(), per_iteration, "{case}");
+            assert_eq!(timing.clock, Clock::Host, "{case}: the CPU's clock");
+            for t in timing.ranks.iter().chain(&timing.iterations) {
+                assert!(*t > 0.0 && *t < 5.0, "{case}: {t}");
+            }
+            let (fastest, slowest) = (timing.time(Average::Min), timing.time(Average::Max));
+            let mean = timing.time(Average::Mean);
+            assert!(fastest <= mean && mean <= slowest, "{case}: {timing:?}");
         }
-        // The slowest rank's times: the same on every rank.
+        // The same on every rank.
         assert_eq!(runs, &results[0], "rank {rank}");
     }
+}
+
+/// What each -z counts, with ranks that take different times: rank 0's call takes 1 ms, rank
+/// 1's 20 ms (sleeps, no collective inside, so nothing but the loop's barriers makes rank 0
+/// wait). With -z 3 rank 0's clock stops before the barrier where it waits for rank 1; with
+/// -z 1 it runs through it. -a picks among the ranks' times; each iteration's time is the
+/// slowest rank's. Only lower bounds and orderings that sleeps guarantee are asserted.
+#[test]
+fn each_mode_counts_what_nccl_tests_counts() {
+    use comm_core::timing::{time_loop, Average, Loop, Waiting};
+    let (fast, slow) = (Duration::from_millis(1), Duration::from_millis(20));
+    let plan = |waiting, per_iteration| Loop {
+        warmup: 0,
+        iters: 3,
+        aggregate: 1,
+        waiting,
+        per_iteration,
+    };
+    let results = on_ranks(2, |comm| {
+        let nap = if comm.rank() == 0 { fast } else { slow };
+        [
+            (Waiting::BackToBack, true),
+            (Waiting::BarrierEach, false),
+            (Waiting::EachCall, false),
+        ]
+        .map(|(waiting, marks)| {
+            time_loop(comm, &plan(waiting, marks), || {
+                std::thread::sleep(nap);
+                Ok(())
+            })
+            .unwrap()
+        })
+    });
+    let [back_to_back, barrier_each, each_call] = &results[0];
+    let slow_s = slow.as_secs_f64();
+    // -z 0 on the CPU: calls back to back, no barrier between them; rank 0 is done early.
+    assert!(
+        back_to_back.ranks[0] < back_to_back.ranks[1],
+        "{back_to_back:?}"
+    );
+    // Marked iterations: each the slowest rank's.
+    assert!(
+        back_to_back.iterations.iter().all(|&t| t >= slow_s),
+        "{back_to_back:?}"
+    );
+    // -z 1: rank 0's clock runs through the barriers where it waits for rank 1.
+    assert!(barrier_each.ranks[0] > slow_s / 2.0, "{barrier_each:?}");
+    // -z 3: it stops before them.
+    assert!(each_call.ranks[0] < each_call.ranks[1], "{each_call:?}");
+    assert!(each_call.ranks[1] >= slow_s, "{each_call:?}");
+    assert!(
+        each_call.iterations.iter().all(|&t| t >= slow_s),
+        "{each_call:?}"
+    );
+    // -a: 0 rank 0's, 2 the fastest, 3 the slowest, 1 between them.
+    let t = each_call;
+    assert_eq!(t.time(Average::Rank0), t.ranks[0]);
+    assert_eq!(t.time(Average::Min), t.ranks[0]);
+    assert_eq!(t.time(Average::Max), t.ranks[1]);
+    assert_eq!(t.time(Average::Mean), (t.ranks[0] + t.ranks[1]) / 2.0);
+    assert_eq!(results[1], results[0], "the same on every rank");
 }

@@ -521,6 +521,11 @@ impl NcclBackend {
         let mut token = self.upload(&[0i32])?;
         self.all_reduce(None, &mut token, ReduceOp::Sum)
     }
+
+    /// Timing events on this rank's stream (`events`): how a stopwatch reads the GPU's clock.
+    pub(crate) fn timing_events(&self) -> super::events::Events {
+        super::events::Events::on(self.stream.clone())
+    }
 }
 
 /// One NCCL call, with what it takes besides the buffers and the count.

@@ -14,13 +14,15 @@
 //! The rooms, one concept each: `probe` (can NCCL run here?), `id` (the unique Id), `errors`
 //! (NCCL's and CUDA's errors as ours), `watchdog` (waiting without hanging), `init` (the
 //! communicator comes up), `calls` (the collectives, [`NcclBackend`], and its end), `batch` (when
-//! calls are waited for), `group_safe` (no buffer freed inside an open group), `device` (which GPU a rank uses, and that no two ranks share one) and
-//! [`library`] (finding libnccl).
+//! calls are waited for), `group_safe` (no buffer freed inside an open group), `events` (marks on
+//! the stream that time its work), `device` (which GPU a rank uses, and that no two ranks share
+//! one) and [`library`] (finding libnccl).
 
 mod batch;
 mod calls;
 mod device;
 mod errors;
+mod events;
 mod group_safe;
 mod id;
 mod init;
@@ -31,6 +33,7 @@ mod watchdog;
 pub use calls::NcclBackend;
 pub use device::{bus_id, check_one_gpu_per_rank, device_for, shared_gpu, GpuSeat, SharedGpu};
 pub use errors::nccl_error;
+pub(crate) use events::Events;
 pub use group_safe::GroupSafe;
 pub use id::{bootstrap_address, id_from_bytes, id_to_bytes, new_unique_id};
 pub use probe::{probe, Machine, Probe, ThisMachine};
