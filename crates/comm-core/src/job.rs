@@ -133,7 +133,7 @@ impl Job {
                 let prefix = format!("{name}/cpu");
                 let run_id = topology.run_id.as_deref();
                 let ip = match &topology.socket_ifname {
-                    Some(name) => crate::topology::interface_address(name)?,
+                    Some(name) => crate::host::interface_address(name)?,
                     None => self.store.local_ip(),
                 };
                 let transport = ShmTransport::connect_on(

@@ -16,6 +16,7 @@ pub mod dtype;
 pub mod error;
 pub mod failure_record;
 pub mod grid;
+pub mod host;
 pub mod job;
 pub mod launch;
 pub mod memory;

@@ -1,7 +1,14 @@
 //! Who am I? Rank, world size, local rank and the master's address, read from the environment the
 //! way torchrun and Slurm's `srun` set it. This is the only module that reads the environment.
+//!
+//! Slurm's compressed host lists and task counts are parsed in [`nodelist`]; this machine's name
+//! and interface addresses are [`crate::host`]'s.
+
+pub mod nodelist;
 
 use crate::error::{CommError, Result};
+
+pub use nodelist::{expand_nodelist, first_host, tasks_on_node, MAX_NODELIST_HOSTS};
 
 /// Port used when neither MASTER_PORT nor a Slurm job id says otherwise (torchrun's default).
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
@@ -352,164 +359,6 @@ pub fn fresh_run_id() -> String {
     format!("job-{}-{:08x}", std::process::id(), hasher.finish() as u32)
 }
 
-/// Reads Slurm's compressed task counts (`2(x3),1`) and returns the count on node `node`.
-pub fn tasks_on_node(spec: &str, node: usize) -> Option<usize> {
-    let mut seen = 0;
-    for part in spec.split(',') {
-        let (count, repeat) = match part.split_once("(x") {
-            Some((count, rest)) => (count, rest.strip_suffix(')')?.parse::<usize>().ok()?),
-            None => (part, 1),
-        };
-        let count = count.trim().parse::<usize>().ok()?;
-        if node < seen + repeat {
-            return Some(count);
-        }
-        seen += repeat;
-    }
-    None
-}
-
-/// The most hosts [`expand_nodelist`] lists: more than any job has, so more is a mistake (and
-/// `r[1-100000]n[1-100000]` would otherwise allocate until the process dies).
-pub const MAX_NODELIST_HOSTS: u64 = 65536;
-
-/// Expands a Slurm host list such as `lrdn[0101-0104,0107]` or `a1,b[1-2]-ib` into host names, in
-/// order, keeping zero padding. Refuses a list of more than [`MAX_NODELIST_HOSTS`] hosts (counted
-/// before anything is expanded).
-pub fn expand_nodelist(list: &str) -> std::result::Result<Vec<String>, String> {
-    let items = parse_nodelist(list)?;
-    let count = items
-        .iter()
-        .try_fold(0u64, |sum, parts| sum.checked_add(host_count(parts)?))
-        .filter(|&n| n <= MAX_NODELIST_HOSTS)
-        .ok_or_else(|| format!("names more than {MAX_NODELIST_HOSTS} hosts"))?;
-    let mut hosts = Vec::with_capacity(count as usize);
-    for parts in &items {
-        expand_parts(parts, String::new(), &mut hosts);
-    }
-    Ok(hosts)
-}
-
-/// The first host of a Slurm host list (where rank 0 runs), without expanding the rest: the
-/// whole list is checked, but `r[1-100000]n[1-100000]` costs no more than `r1n1`.
-pub fn first_host(list: &str) -> std::result::Result<String, String> {
-    let items = parse_nodelist(list)?;
-    let mut host = String::new();
-    for part in &items[0] {
-        match part {
-            HostPart::Text(text) => host.push_str(text),
-            HostPart::Ranges(ranges) => {
-                let (lo, _, width) = ranges[0];
-                host.push_str(&format!("{lo:0width$}"));
-            }
-        }
-    }
-    Ok(host)
-}
-
-/// A piece of a host pattern: literal text, or a bracket's ranges (first, last, zero-padded
-/// width).
-enum HostPart {
-    Text(String),
-    Ranges(Vec<(u64, u64, usize)>),
-}
-
-/// Every host pattern of the list, checked (brackets, numbers, ranges that run forwards).
-fn parse_nodelist(list: &str) -> std::result::Result<Vec<Vec<HostPart>>, String> {
-    split_top_level(list)?
-        .iter()
-        .map(|item| {
-            if item.is_empty() {
-                Err("empty host name".to_string())
-            } else {
-                parse_host(item)
-            }
-        })
-        .collect()
-}
-
-/// Splits on the commas that are not inside brackets.
-fn split_top_level(list: &str) -> std::result::Result<Vec<String>, String> {
-    let (mut items, mut current, mut depth) = (Vec::new(), String::new(), 0i32);
-    for c in list.trim().chars() {
-        match c {
-            '[' => depth += 1,
-            ']' => depth -= 1,
-            ',' if depth == 0 => {
-                items.push(std::mem::take(&mut current));
-                continue;
-            }
-            _ => {}
-        }
-        if !(0..=1).contains(&depth) {
-            return Err("unbalanced or nested brackets".into());
-        }
-        current.push(c);
-    }
-    if depth != 0 {
-        return Err("unbalanced brackets".into());
-    }
-    items.push(current);
-    Ok(items)
-}
-
-/// One host pattern's pieces; several bracket groups multiply (`r[1-2]n[1-2]` is four hosts).
-fn parse_host(pattern: &str) -> std::result::Result<Vec<HostPart>, String> {
-    let mut parts = Vec::new();
-    let mut rest = pattern;
-    while let Some(open) = rest.find('[') {
-        let close = open + rest[open..].find(']').ok_or("unbalanced brackets")?;
-        if open > 0 {
-            parts.push(HostPart::Text(rest[..open].to_string()));
-        }
-        let mut ranges = Vec::new();
-        for range in rest[open + 1..close].split(',') {
-            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
-            let (Ok(a), Ok(b)) = (lo.parse::<u64>(), hi.parse::<u64>()) else {
-                return Err(format!("bad range {range:?}"));
-            };
-            if a > b {
-                return Err(format!("range {range:?} runs backwards"));
-            }
-            ranges.push((a, b, lo.len()));
-        }
-        parts.push(HostPart::Ranges(ranges));
-        rest = &rest[close + 1..];
-    }
-    if !rest.is_empty() {
-        parts.push(HostPart::Text(rest.to_string()));
-    }
-    Ok(parts)
-}
-
-/// How many hosts a pattern names; None past u64.
-fn host_count(parts: &[HostPart]) -> Option<u64> {
-    parts.iter().try_fold(1u64, |product, part| match part {
-        HostPart::Text(_) => Some(product),
-        HostPart::Ranges(ranges) => {
-            let n = ranges.iter().try_fold(0u64, |sum, &(a, b, _)| {
-                sum.checked_add((b - a).checked_add(1)?)
-            })?;
-            product.checked_mul(n)
-        }
-    })
-}
-
-/// Appends every host of `parts` to `hosts`, each starting with `head`, in order.
-fn expand_parts(parts: &[HostPart], head: String, hosts: &mut Vec<String>) {
-    match parts.split_first() {
-        None => hosts.push(head),
-        Some((HostPart::Text(text), rest)) => expand_parts(rest, head + text, hosts),
-        Some((HostPart::Ranges(ranges), rest)) => {
-            for &(a, b, width) in ranges {
-                for n in a..=b {
-                    expand_parts(rest, format!("{head}{n:0width$}"), hosts);
-                }
-            }
-        }
-    }
-}
-
 /// Refuses a world size no job has: more than [`MAX_WORLD_SIZE`] ranks.
 fn check_world_size(name: &str, world_size: usize) -> Result<()> {
     if world_size > MAX_WORLD_SIZE {
@@ -541,100 +390,12 @@ fn socket_ifname(var: &impl Fn(&str) -> Option<String>) -> Option<String> {
         .filter(|name| !name.is_empty())
 }
 
-/// The address of network interface `name` (its first IPv4 address, else its first IPv6 one):
-/// where a rank told `GLOO_SOCKET_IFNAME=name` listens for its peers. An unknown name, or one
-/// without an address, is an error listing the interfaces that have one.
-pub fn interface_address(name: &str) -> Result<std::net::IpAddr> {
-    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-    let mut found: Vec<(String, IpAddr)> = Vec::new();
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `list` with a linked list we free below with freeifaddrs.
-    if unsafe { libc::getifaddrs(&mut list) } != 0 {
-        return Err(CommError::io(
-            "listing network interfaces",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    let mut entry = list;
-    while !entry.is_null() {
-        // SAFETY: entry is a node of the list getifaddrs made, valid until freeifaddrs; its name
-        // is a NUL-terminated string and its address, when not null, a sockaddr of its family.
-        unsafe {
-            let e = &*entry;
-            let ifname = std::ffi::CStr::from_ptr(e.ifa_name)
-                .to_string_lossy()
-                .into_owned();
-            let addr = e.ifa_addr;
-            if !addr.is_null() {
-                match (*addr).sa_family as libc::c_int {
-                    libc::AF_INET => {
-                        let v4 = &*(addr as *const libc::sockaddr_in);
-                        let ip = Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
-                        found.push((ifname, IpAddr::V4(ip)));
-                    }
-                    libc::AF_INET6 => {
-                        let v6 = &*(addr as *const libc::sockaddr_in6);
-                        found.push((ifname, IpAddr::V6(Ipv6Addr::from(v6.sin6_addr.s6_addr))));
-                    }
-                    _ => {}
-                }
-            }
-            entry = e.ifa_next;
-        }
-    }
-    // SAFETY: list came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(list) };
-    let ours = |v4: bool| {
-        found
-            .iter()
-            .find(|(n, ip)| n == name && ip.is_ipv4() == v4)
-            .map(|(_, ip)| *ip)
-    };
-    ours(true).or_else(|| ours(false)).ok_or_else(|| {
-        let mut names: Vec<&str> = Vec::new();
-        for (n, _) in &found {
-            if !names.contains(&n.as_str()) {
-                names.push(n);
-            }
-        }
-        CommError::env(
-            SOCKET_IFNAME_VAR,
-            format!(
-                "{SOCKET_IFNAME_VAR}={name}: this host has no interface of that name with an \
-                 address (it has: {}); name one of them, or unset it to listen where the store \
-                 is reached from",
-                names.join(", ")
-            ),
-        )
-    })
-}
-
-/// This machine's host name ("?" if the system will not say).
-pub fn hostname() -> String {
-    let mut name = [0u8; 256];
-    // SAFETY: gethostname writes at most name.len() bytes into the buffer.
-    if unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } != 0 {
-        return "?".into();
-    }
-    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-    String::from_utf8_lossy(&name[..end]).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn gloo_socket_ifname_names_an_interface_with_an_address() {
-        assert_eq!(
-            interface_address("lo").unwrap(),
-            std::net::IpAddr::from([127, 0, 0, 1])
-        );
-        let e = interface_address("nosuch0").unwrap_err().to_string();
-        assert!(
-            e.contains("GLOO_SOCKET_IFNAME=nosuch0") && e.contains("lo"),
-            "{e}"
-        );
+    fn gloo_socket_ifname_is_read_trimmed() {
         let vars = |name: &str| match name {
             "RANK" | "LOCAL_RANK" => Some("0".to_string()),
             "WORLD_SIZE" => Some("1".to_string()),
@@ -844,33 +605,5 @@ mod tests {
         assert!(err(&v).contains("SLURM_JOB_NODELIST"));
         v.push(("SLURM_JOB_NODELIST", "n[3-1]"));
         assert!(err(&v).contains("runs backwards"));
-    }
-
-    #[test]
-    fn nodelists() {
-        assert_eq!(
-            expand_nodelist("lrdn[0101-0104,0107]").unwrap(),
-            ["lrdn0101", "lrdn0102", "lrdn0103", "lrdn0104", "lrdn0107"]
-        );
-        assert_eq!(expand_nodelist("node1").unwrap(), ["node1"]);
-        assert_eq!(
-            expand_nodelist("a1,b[8-10]-ib").unwrap(),
-            ["a1", "b8-ib", "b9-ib", "b10-ib"]
-        );
-        assert_eq!(
-            expand_nodelist("r[1-2]n[01-02]").unwrap(),
-            ["r1n01", "r1n02", "r2n01", "r2n02"]
-        );
-        assert!(expand_nodelist("n[1-2").is_err());
-        assert!(expand_nodelist("n[a-b]").is_err());
-        assert!(expand_nodelist("a,,b").is_err());
-    }
-
-    #[test]
-    fn task_counts() {
-        assert_eq!(tasks_on_node("4", 0), Some(4));
-        assert_eq!(tasks_on_node("2(x3),1", 2), Some(2));
-        assert_eq!(tasks_on_node("2(x3),1", 3), Some(1));
-        assert_eq!(tasks_on_node("2(x3),1", 4), None);
     }
 }

@@ -42,7 +42,7 @@ fn launch(cli: &cli::Cli) -> Result<i32, String> {
     if plan.node_rank == 0 {
         plan::check_port_free(plan.master_port)?;
     }
-    let host = comm_core::topology::hostname();
+    let host = comm_core::host::hostname();
     if resolved.from_slurm {
         eprintln!(
             "commrun: node {} of {} on {host} (from srun's SLURM_* variables): ranks {}-{} of {}, \

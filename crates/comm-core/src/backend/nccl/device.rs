@@ -138,7 +138,7 @@ pub fn check_one_gpu_per_rank(
         name,
         rank,
         world_size,
-        &crate::topology::hostname(),
+        &crate::host::hostname(),
         &bus_id(ordinal)?,
     )
 }

@@ -314,7 +314,7 @@ fn ring_index(host: &[usize], sender: usize, receiver: usize) -> usize {
 /// other's segments).
 fn host_key() -> String {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    format!("{}:{}", crate::topology::hostname(), boot.trim())
+    format!("{}:{}", crate::host::hostname(), boot.trim())
 }
 
 /// The ranks on this rank's host, sorted, itself included: every rank signs in under its host's
