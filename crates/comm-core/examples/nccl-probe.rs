@@ -11,8 +11,8 @@ use comm_core::backend::nccl::{self, library, Machine, ThisMachine};
 use comm_core::backend::{select, BackendChoice};
 
 fn main() -> std::process::ExitCode {
-    let var = |name: &str| std::env::var(name).ok();
-    let machine = ThisMachine(var);
+    // The variables the library's own search reads, read where comm-core reads them.
+    let machine = ThisMachine(comm_core::topology::library_var);
     let row = |step: &str, finding: String| println!("{step:<14}{finding}");
 
     // libnccl first, before anything is printed: if only libnccl.so.2 is around, link it as

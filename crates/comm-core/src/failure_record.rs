@@ -24,8 +24,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::CommError;
 
-/// The variable torchrun sets to the path where a worker writes its failure record.
-pub const ERROR_FILE_ENV: &str = "TORCHELASTIC_ERROR_FILE";
+/// The variable torchrun sets to the path where a worker writes its failure record (read by
+/// [`crate::topology::error_file`]).
+pub const ERROR_FILE_ENV: &str = crate::topology::ERROR_FILE_VAR;
 
 /// What one rank wrote when it failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,9 +139,8 @@ pub fn report_failure(rank: usize, error: &CommError) -> i32 {
         return 1;
     }
     eprintln!("error: rank {rank}: {error}");
-    if let Some(path) = std::env::var_os(ERROR_FILE_ENV).filter(|p| !p.is_empty()) {
-        let path = Path::new(&path);
-        if let Err(e) = ErrorRecord::new(rank, error).write(path) {
+    if let Some(path) = crate::topology::error_file() {
+        if let Err(e) = ErrorRecord::new(rank, error).write(&path) {
             eprintln!(
                 "warning: rank {rank} could not write its error record to {}: {e}",
                 path.display()

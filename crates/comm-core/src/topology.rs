@@ -383,6 +383,55 @@ pub fn local_ranks_from_env() -> usize {
         .clamp(1, MAX_LOCAL_RANKS)
 }
 
+// What else the library reads from the environment: not who this rank is, but read here all the
+// same, so that this file lists every variable comm-core looks at. The rooms that use them (the
+// failure record, the NCCL backend) get them through these readers.
+
+/// torchrun's variable for the path where a failed worker writes its failure record.
+pub const ERROR_FILE_VAR: &str = "TORCHELASTIC_ERROR_FILE";
+
+/// Where this rank writes its failure record ([`ERROR_FILE_VAR`]), when set to something.
+pub fn error_file() -> Option<std::path::PathBuf> {
+    std::env::var_os(ERROR_FILE_VAR)
+        .filter(|p| !p.is_empty())
+        .map(Into::into)
+}
+
+/// NCCL's variable that overrides a communicator config's `blocking`.
+pub const NCCL_COMM_BLOCKING_VAR: &str = "NCCL_COMM_BLOCKING";
+
+/// [`NCCL_COMM_BLOCKING_VAR`] as set (possibly empty or not UTF-8), or None when unset.
+pub fn nccl_comm_blocking() -> Option<std::ffi::OsString> {
+    std::env::var_os(NCCL_COMM_BLOCKING_VAR)
+}
+
+/// Set on a program re-executed with a `libnccl.so` link, so a link that still does not load is
+/// an error, not a loop (see `backend::nccl::library`).
+pub const RELINKED_VAR: &str = "NCCL_WORKSHOP_RELINKED";
+
+/// The variables the search for libnccl reads: where it may be (a file or folder given outright,
+/// the loader's path, NCCL's and CUDA's homes, a virtual or conda environment, the user's home),
+/// and whether this process is already the restart with a link ([`RELINKED_VAR`]).
+pub const LIBRARY_VARS: [&str; 8] = [
+    "NCCL_LIBRARY",
+    "LD_LIBRARY_PATH",
+    "NCCL_HOME",
+    "CUDA_HOME",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "HOME",
+    RELINKED_VAR,
+];
+
+/// One of [`LIBRARY_VARS`] from the process environment, as the NCCL backend's search and probe
+/// take their variables (tests pass a map instead). Any other name reads as unset (and is a
+/// bug: a debug build panics, naming it).
+pub fn library_var(name: &str) -> Option<String> {
+    let listed = LIBRARY_VARS.contains(&name);
+    debug_assert!(listed, "{name} is not in topology::LIBRARY_VARS");
+    listed.then(|| std::env::var(name).ok()).flatten()
+}
+
 /// [`SOCKET_IFNAME_VAR`], when set to something.
 fn socket_ifname(var: &impl Fn(&str) -> Option<String>) -> Option<String> {
     var(SOCKET_IFNAME_VAR)
@@ -393,6 +442,17 @@ fn socket_ifname(var: &impl Fn(&str) -> Option<String>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_library_search_reads_its_variables_from_the_process() {
+        for name in LIBRARY_VARS {
+            assert_eq!(library_var(name), std::env::var(name).ok(), "{name}");
+        }
+        assert_eq!(
+            nccl_comm_blocking(),
+            std::env::var_os(NCCL_COMM_BLOCKING_VAR)
+        );
+    }
 
     #[test]
     fn gloo_socket_ifname_is_read_trimmed() {

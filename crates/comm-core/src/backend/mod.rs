@@ -66,7 +66,7 @@ pub fn prepare() -> crate::Result<()> {
 /// has no side effects: where the only NCCL is a `libnccl.so.2` that [`prepare`] did not link,
 /// the reason says how to fix it.
 pub fn select(choice: BackendChoice) -> crate::Result<Selection> {
-    let var = |name: &str| std::env::var(name).ok();
+    let var = crate::topology::library_var;
     let cpu = |reason: String| Selection {
         kind: BackendKind::Cpu,
         reason,

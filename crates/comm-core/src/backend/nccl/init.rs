@@ -22,7 +22,7 @@ use crate::error::{CommError, Result};
 const CONFIG_SINCE: i32 = 21400;
 
 /// NCCL's variable that overrides a config's `blocking`.
-const BLOCKING_VAR: &str = "NCCL_COMM_BLOCKING";
+const BLOCKING_VAR: &str = crate::topology::NCCL_COMM_BLOCKING_VAR;
 
 /// NCCL_CONFIG_INITIALIZER with `blocking = 1` said outright. (NCCL_COMM_BLOCKING in the
 /// environment would still override it: [`init_rank`] refuses a value other than 1.)
@@ -100,7 +100,7 @@ pub(super) fn init_rank(
     rank: usize,
     timeout: Duration,
 ) -> Result<sys::ncclComm_t> {
-    if let Some(value) = std::env::var_os(BLOCKING_VAR).filter(|v| v.to_str() != Some("1")) {
+    if let Some(value) = crate::topology::nccl_comm_blocking().filter(|v| v.to_str() != Some("1")) {
         return Err(CommError::env(
             BLOCKING_VAR,
             format!(

@@ -17,7 +17,7 @@ use super::{Machine, ThisMachine};
 use crate::error::{CommError, Result};
 
 /// Set on the re-executed process, so a link that still does not load is an error, not a loop.
-const RELINKED: &str = "NCCL_WORKSHOP_RELINKED";
+const RELINKED: &str = crate::topology::RELINKED_VAR;
 
 /// What to tell a user who has no libnccl at all.
 pub const INSTALL_HINT: &str = "load it (`module load nccl` on Leonardo), install it \
@@ -348,7 +348,7 @@ pub fn start_failure() -> Option<&'static str> {
 /// Returns an error only when a restart was needed and failed (the link folder refused, exec
 /// failed); [`crate::backend::select`] then gives that as the reason NCCL cannot run.
 pub fn link_at_start(when: When) -> Result<()> {
-    let var = |name: &str| std::env::var(name).ok();
+    let var = crate::topology::library_var;
     match decide_at_start(&ThisMachine(var), when) {
         AtStart::Stay(_) => Ok(()),
         AtStart::Restart(so2) => {
