@@ -63,9 +63,12 @@ pub struct NcclBackend {
     done: CudaEvent,
     /// Batches and groups this rank is in: when calls are waited for.
     batching: std::cell::Cell<Batching>,
+    /// The one-element buffer barriers all-reduce, made at the first.
+    barrier_token: std::cell::RefCell<Option<GroupSafe<i32>>>,
 }
 
-/// How long a rank stuck inside NCCL after the watchdog's abort gets before the process ends.
+/// How long past its timeout a rank may stay inside a blocking NCCL call before the watchdog ends
+/// the process.
 const STUCK_GRACE: Duration = Duration::from_secs(2);
 
 impl NcclBackend {
@@ -127,6 +130,7 @@ impl NcclBackend {
             version,
             watchdog,
             groups: Arc::new(Groups::default()),
+            barrier_token: std::cell::RefCell::new(None),
             done,
             batching: std::cell::Cell::new(Batching::default()),
         })
@@ -518,8 +522,13 @@ impl NcclBackend {
                 "barrier inside a group: the group's calls only run when it ends".into(),
             ));
         }
-        let mut token = self.upload(&[0i32])?;
-        self.all_reduce(None, &mut token, ReduceOp::Sum)
+        // One token for every barrier: no allocation (and no free) per call.
+        let mut token = self.barrier_token.borrow_mut();
+        if token.is_none() {
+            *token = Some(self.upload(&[0i32])?);
+        }
+        let token = token.as_mut().expect("made above");
+        self.all_reduce(None, token, ReduceOp::Sum)
     }
 
     /// Timing events on this rank's stream (`events`): how a stopwatch reads the GPU's clock.
