@@ -4,9 +4,11 @@
 //! environment → [`topology`] → [`store`] (rendezvous) → [`backend`] → [`comm::Communicator`]
 //! → collectives on buffers → [`grid`] on rank 0.
 //!
-//! [`spawn`] starts the ranks when no launcher did; a [`job::Job`] is what a launch gives a rank
-//! and builds its communicators; [`launch::run`] ties it all together. Every collective is
-//! described once, in [`collective`]; [`check`], the tests and comm-bench read that table.
+//! [`topology`] is the only module that reads the environment; [`host`] is this machine (its
+//! name, its interfaces). [`spawn`] starts the ranks when no launcher did; a [`job::Job`] is
+//! what a launch gives a rank and builds its communicators; [`launch::run`] ties it all
+//! together. Every collective is described once, in [`collective`]; [`check`], the tests and
+//! comm-bench read that table.
 
 pub mod backend;
 pub mod check;

@@ -11,7 +11,7 @@
 //!
 //! Like torchrun, it gives each rank its own `TORCHELASTIC_ERROR_FILE` (in a temporary directory
 //! it owns and removes), and picks the root cause among ranks that failed together from the
-//! [`ErrorRecord`]s they wrote there, not from their stderr.
+//! [`ErrorRecord`](crate::failure_record::ErrorRecord)s they wrote there, not from their stderr.
 //!
 //! A launcher may add to one start of the ranks ([`run_with`] and its [`Extras`]): variables of
 //! its own, and where each rank's stdout and stderr go (the console, a log file, both, or
