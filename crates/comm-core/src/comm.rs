@@ -279,10 +279,10 @@ impl Communicator {
     /// events from one timed loop to the next ([`time_loop_with`]).
     ///
     /// [`time_loop_with`]: crate::timing::time_loop_with
-    pub fn stopwatch(&self) -> crate::timing::Stopwatch {
+    pub fn stopwatch(&self) -> crate::stopwatch::Stopwatch {
         match &self.engine {
-            Engine::Cpu(_) => crate::timing::Stopwatch::host(),
-            Engine::Nccl(nccl) => crate::timing::Stopwatch::events(nccl.timing_events()),
+            Engine::Cpu(_) => crate::stopwatch::Stopwatch::host(),
+            Engine::Nccl(nccl) => crate::stopwatch::Stopwatch::events(nccl.timing_events()),
         }
     }
 

@@ -24,6 +24,7 @@ pub mod launch;
 pub mod memory;
 pub mod profile;
 pub mod spawn;
+pub mod stopwatch;
 pub mod store;
 pub mod streaming;
 pub mod timing;
