@@ -87,7 +87,9 @@ pub fn run_with(plan: &SpawnPlan, extras: &Extras) -> Result<Outcome> {
     let records = ErrorDir::create();
     let started = start_ranks(plan, extras, world_size, records.as_ref())?;
     let outcome = supervise(plan, &started, records.as_ref());
+    // The ranks are zombies still: their groups' ids are ours, leftovers and all.
     signals::reap(&started.pids);
+    drop(started.release);
     relay::wait_for(started.relays, Duration::from_secs(2));
     outcome
 }
@@ -106,6 +108,10 @@ struct Started {
     stderr_tails: Vec<Tail>,
     /// Each rank's [`Exit`], as it happens.
     exited: crossbeam_channel::Receiver<Exit>,
+    /// Dropped once the ranks' groups are cleaned up: only then do the waiter threads reap the
+    /// ranks. Until a rank is reaped its pid, the id of its group, cannot be reused, so no signal
+    /// this launcher sends to a rank's group can reach a stranger's process that got the number.
+    release: crossbeam_channel::Sender<()>,
 }
 
 /// Starts every rank of this node, each with its relays and a thread that waits for it. If one
@@ -118,12 +124,14 @@ fn start_ranks(
 ) -> Result<Started> {
     let out_lock = Arc::new(Mutex::new(()));
     let (exits, exited) = crossbeam_channel::unbounded::<Exit>();
+    let (release, released) = crossbeam_channel::bounded::<()>(0);
     let mut log_files = relay::open_log_files(&extras.outputs, plan.nproc_per_node)?.into_iter();
     let mut started = Started {
         pids: Vec::new(),
         relays: Vec::new(),
         stderr_tails: Vec::new(),
         exited,
+        release,
     };
     for local_rank in 0..plan.nproc_per_node {
         let output = extras.outputs.get(local_rank).cloned().unwrap_or_default();
@@ -150,10 +158,14 @@ fn start_ranks(
         let (relays, tail) = relay::attach(&mut child, prefix, &output, files, &out_lock);
         started.relays.extend(relays);
         started.stderr_tails.push(tail);
-        let exits = exits.clone();
+        let (exits, released) = (exits.clone(), released.clone());
         std::thread::spawn(move || {
-            let status = child.wait();
+            // The rank is left a zombie (its pid still ours) until the launcher is done
+            // signalling its group; then reaped.
+            let status = signals::wait_leaving_zombie(child.id());
             let _ = exits.send((local_rank, status, unix_us()));
+            let _ = released.recv();
+            let _ = child.wait();
         });
     }
     Ok(started)

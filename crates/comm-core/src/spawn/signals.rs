@@ -3,8 +3,8 @@
 //! is SIGTERM, then SIGKILL after the plan's grace; whatever a rank left in its group is killed
 //! once the ranks are gone.
 
-use std::os::unix::process::CommandExt;
-use std::process::Command;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 /// A signal's name, for the summary.
@@ -61,6 +61,40 @@ fn signal_group(pid: u32, sig: i32) {
         let group = libc::kill(-pid, sig) == 0;
         if !group || libc::getpgid(pid) != pid {
             libc::kill(pid, sig);
+        }
+    }
+}
+
+/// Waits until the child `pid` has exited, and how, without reaping it: as a zombie it keeps its
+/// pid, so its process group's id cannot go to another process while the launcher may still
+/// signal the group. The caller reaps it afterwards (`Child::wait`).
+pub(super) fn wait_leaving_zombie(pid: u32) -> std::io::Result<ExitStatus> {
+    loop {
+        // SAFETY: siginfo_t is plain data, zeroed is a valid value; waitid writes it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child with a valid out-pointer; WNOWAIT leaves it unreaped.
+        let done = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if done == 0 {
+            // SAFETY: waitid filled info for an exited child: si_status is valid.
+            let status = unsafe { info.si_status() };
+            // The wait(2) status word: an exit code in the second byte, or the signal.
+            let raw = match info.si_code {
+                libc::CLD_EXITED => (status & 0xff) << 8,
+                libc::CLD_DUMPED => status | 0x80,
+                _ => status,
+            };
+            return Ok(ExitStatus::from_raw(raw));
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() != std::io::ErrorKind::Interrupted {
+            return Err(error);
         }
     }
 }
