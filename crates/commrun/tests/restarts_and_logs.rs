@@ -50,6 +50,7 @@ const FAILS_ONCE: &str = "echo \"out $LOCAL_RANK start $TORCHELASTIC_RESTART_COU
 
 #[test]
 fn a_worker_that_fails_on_its_first_start_finishes_on_the_second() {
+    let _port = common::one_at_a_time();
     let (stdout, stderr) = sh(0, "--nproc-per-node 2 --max-restarts 2", None, FAILS_ONCE);
     assert_eq!(
         lines_with(&stderr, "restarting"),
@@ -71,6 +72,7 @@ fn a_worker_that_fails_on_its_first_start_finishes_on_the_second() {
 
 #[test]
 fn when_the_restarts_run_out_the_summary_is_the_last_failures() {
+    let _port = common::one_at_a_time();
     let script = "echo \"failing on start $TORCHELASTIC_RESTART_COUNT\" >&2; \
                   if [ $RANK = 1 ]; then exit 7; fi; exec sleep 60";
     let (_, stderr) = sh(7, "--nproc-per-node 2 --max-restarts 2", None, script);
@@ -101,6 +103,7 @@ fn when_the_restarts_run_out_the_summary_is_the_last_failures() {
 
 #[test]
 fn an_interrupt_never_restarts() {
+    let _port = common::one_at_a_time();
     for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
         let dir = scratch(&format!("restart-interrupt-{signal}"));
         // The workers fail when interrupted (exit 1): an interrupt still does not restart them.
@@ -156,6 +159,7 @@ fn as_worker() -> ! {
 
 #[test]
 fn restarted_ranks_meet_again_at_the_same_port() {
+    let _port = common::one_at_a_time();
     if std::env::var_os("RESTART_TEST_WORKER").is_some() {
         as_worker();
     }
@@ -236,6 +240,7 @@ fn read(path: PathBuf) -> String {
 
 #[test]
 fn tee_writes_torchruns_layout_for_every_start_and_shows_the_lines_too() {
+    let _port = common::one_at_a_time();
     let logs = scratch("logs-tee");
     let (stdout, stderr) = sh(
         0,
@@ -270,6 +275,7 @@ fn tee_writes_torchruns_layout_for_every_start_and_shows_the_lines_too() {
 
 #[test]
 fn redirects_write_only_the_files_per_stream_and_per_rank() {
+    let _port = common::one_at_a_time();
     let logs = scratch("logs-redirect");
     let script = "echo out-$LOCAL_RANK; echo err-$LOCAL_RANK >&2";
     // Local rank 0's stdout and rank 1's stderr go to files only; the rest to the console.
@@ -296,6 +302,7 @@ fn redirects_write_only_the_files_per_stream_and_per_rank() {
 
 #[test]
 fn the_filter_keeps_other_ranks_off_the_console_but_in_their_files() {
+    let _port = common::one_at_a_time();
     let logs = scratch("logs-filter");
     let script = "echo out-$LOCAL_RANK; echo err-$LOCAL_RANK >&2";
     let (stdout, stderr) = sh(
@@ -329,6 +336,7 @@ fn the_filter_keeps_other_ranks_off_the_console_but_in_their_files() {
 
 #[test]
 fn without_log_dir_the_files_go_to_a_new_folder_that_commrun_names() {
+    let _port = common::one_at_a_time();
     let (_, stderr) = sh(
         0,
         "--nproc-per-node 2 --redirects 3 --rdzv-id t",
@@ -362,6 +370,7 @@ fn without_log_dir_the_files_go_to_a_new_folder_that_commrun_names() {
 
 #[test]
 fn bad_values_get_one_clear_line_and_exit_code_2() {
+    let _port = common::one_at_a_time();
     let fails = |args: &str, expected: &str| {
         let (_, stderr) = expect(2, &args.split_whitespace().collect::<Vec<_>>());
         let first = stderr.lines().next().unwrap_or_default();
@@ -436,6 +445,7 @@ const BOOK_RESTART: &str = "commrun --nproc-per-node 2 --max-restarts 2 sh -c 'e
 
 #[test]
 fn the_books_restart_example_prints_what_the_book_shows() {
+    let _port = common::one_at_a_time();
     let book = workspace_file(BOOK);
     let (_, after) = book
         .split_once(&format!("```bash\n{BOOK_RESTART}\n```"))
@@ -469,6 +479,7 @@ const LOG_EXAMPLE: &str = "commrun --nproc-per-node 4 --max-restarts 2 --log-dir
 
 #[test]
 fn the_log_example_of_the_readme_and_the_book_writes_every_ranks_files() {
+    let _port = common::one_at_a_time();
     for doc in ["README.md", BOOK] {
         assert!(
             workspace_file(doc).contains(LOG_EXAMPLE),

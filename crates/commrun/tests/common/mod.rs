@@ -1,6 +1,7 @@
 //! What commrun's test files share: commrun as a user starts it, outside any launcher.
 
 use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
 
 use test_support::process::Plainly;
 
@@ -28,4 +29,12 @@ pub fn run(args: &[&str]) -> Output {
 
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Held by a test for its whole run: commrun checks that its master port (29500 unless told
+/// otherwise) is free, so two of its runs at once in one test binary would refuse each other.
+#[allow(dead_code)] // not every test file needs it
+pub fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static PORT: Mutex<()> = Mutex::new(());
+    PORT.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
