@@ -165,9 +165,23 @@ impl Job {
     }
 
     /// Ends the job for every rank because this one failed with `error`: the others stop at once
-    /// instead of waiting for this rank until their timeout. Best effort.
+    /// instead of waiting for this rank until their timeout. Best effort. Not for the failures
+    /// the others see by themselves (a timeout, a peer's or the store's loss): each of them then
+    /// reports what it waited for, which is how the launcher finds the rank at the root.
     pub fn abort(&self, error: &CommError) {
-        self.store.abort(error);
+        let seen_by_all = matches!(
+            error,
+            CommError::Timeout { .. }
+                | CommError::PeerClosed { .. }
+                | CommError::PeerGone { .. }
+                | CommError::PeerUnreachable { .. }
+                | CommError::StoreLost { .. }
+                | CommError::StoreUnreachable { .. }
+                | CommError::JobAborted { .. }
+        );
+        if !seen_by_all {
+            self.store.abort(error);
+        }
     }
 
     /// Ends the job cleanly: waits for every rank, then rank 0 keeps serving the store until the
