@@ -184,6 +184,18 @@ impl Job {
         }
     }
 
+    /// After this rank failed: if it serves the store, keeps serving it while the other ranks
+    /// are still connected (at most the timeout, and 10 s), so that each of them fails by itself
+    /// saying what it waited for (the launcher follows those reports to the root cause) instead
+    /// of all losing the store the moment this rank exits.
+    pub fn linger(&self) {
+        if let Some(server) = &self.server {
+            let longest = self.store.timeout().min(Duration::from_secs(10));
+            // This rank's own two connections (requests and the watcher) stay open meanwhile.
+            server.wait_until_at_most(2, longest);
+        }
+    }
+
     /// Ends the job cleanly: waits for every rank, then rank 0 keeps serving the store until the
     /// others have disconnected, so nobody loses it while waiting for an answer.
     pub fn finish(self) -> Result<()> {

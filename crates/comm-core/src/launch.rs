@@ -126,6 +126,7 @@ pub fn run_job(
                 Err(e) => {
                     let code = crate::failure_record::report_failure(rank, &e);
                     job.abort(&e);
+                    job.linger();
                     code
                 }
             }
