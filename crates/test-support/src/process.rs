@@ -400,8 +400,12 @@ mod tests {
         let tag = Tag::new("tag-test");
         let dir = scratch("tag");
         // setsid: the sleep leaves the group of the shell that started it, as torchrun's
-        // workers leave torchrun's.
-        let script = format!("setsid sleep 60 & echo $! > {}/0; wait", dir.display());
+        // workers leave torchrun's. Its pid is written from inside its new session, so the
+        // group's kill below cannot catch it before it left.
+        let script = format!(
+            "setsid sh -c 'echo $$ > {}/0; exec sleep 60' & wait",
+            dir.display()
+        );
         let running = start(tag.mark(Command::new("sh").args(["-c", &script])));
         let pids = wait_for_pid_files(&dir, 0..1, Duration::from_secs(10));
         let shell = running.pid();
