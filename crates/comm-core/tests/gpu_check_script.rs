@@ -158,22 +158,11 @@ fn a_broken_libnccl_so2_is_named_not_a_crash_or_a_loop() {
 
 #[test]
 fn a_real_libnccl_so2_from_pip_is_found_linked_and_loaded() {
-    let Some(wheel) = std::env::var_os("NCCL_WORKSHOP_TEST_LIBNCCL").map(PathBuf::from) else {
-        let required = std::env::var("NCCL_WORKSHOP_REQUIRE_LIBNCCL").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "NCCL_WORKSHOP_REQUIRE_LIBNCCL=1 but NCCL_WORKSHOP_TEST_LIBNCCL is not set"
-        );
-        eprintln!(
-            "skipped: set NCCL_WORKSHOP_TEST_LIBNCCL to a pip --target folder of nvidia-nccl-cu12"
-        );
+    let Some(wheel) = test_support::libnccl::wheel_or_skip() else {
         return;
     };
     let lib = wheel.join("nvidia/nccl/lib");
-    let so2 = lib
-        .join("libnccl.so.2")
-        .canonicalize()
-        .unwrap_or_else(|e| panic!("NCCL_WORKSHOP_TEST_LIBNCCL={}: {e}", wheel.display()));
+    let so2 = test_support::libnccl::so2(&wheel);
     // A virtual environment whose site-packages is the wheel's folder.
     let venv = std::env::temp_dir().join(format!("nccl-venv-{}", std::process::id()));
     let site = venv.join("lib/python3.11/site-packages");

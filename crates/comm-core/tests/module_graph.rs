@@ -9,32 +9,25 @@ use std::path::Path;
 fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut pending = vec![src.clone()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                pending.push(path);
-                continue;
-            }
-            let relative = path.strip_prefix(&src).unwrap();
-            let top = relative.components().next().unwrap().as_os_str();
-            let module = top.to_string_lossy().trim_end_matches(".rs").to_string();
-            if module == "lib" || relative.ends_with("tests.rs") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap();
-            let uses = graph.entry(module.clone()).or_default();
-            for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
-                for (at, _) in line.match_indices("crate::") {
-                    let name: String = line[at + 7..]
-                        .chars()
-                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                        .collect();
-                    if !name.is_empty() && name != module {
-                        uses.insert(name);
-                    }
+    for file in test_support::source::rust_files(&src) {
+        let top = file.relative.components().next().unwrap().as_os_str();
+        let module = top.to_string_lossy().trim_end_matches(".rs").to_string();
+        if module == "lib" || file.relative.ends_with("tests.rs") {
+            continue;
+        }
+        let uses = graph.entry(module.clone()).or_default();
+        for line in file
+            .code
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+        {
+            for (at, _) in line.match_indices("crate::") {
+                let name: String = line[at + 7..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                if !name.is_empty() && name != module {
+                    uses.insert(name);
                 }
             }
         }

@@ -59,22 +59,7 @@ fn as_process(index: &str) -> ! {
 
 /// The wheel's `libnccl.so.2` (its real path), or None when the test is to skip.
 fn wheel_library() -> Option<PathBuf> {
-    let Some(wheel) = std::env::var_os("NCCL_WORKSHOP_TEST_LIBNCCL").map(PathBuf::from) else {
-        let required = std::env::var("NCCL_WORKSHOP_REQUIRE_LIBNCCL").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "NCCL_WORKSHOP_REQUIRE_LIBNCCL=1 but NCCL_WORKSHOP_TEST_LIBNCCL is not set"
-        );
-        eprintln!(
-            "skipped: set NCCL_WORKSHOP_TEST_LIBNCCL to a pip --target folder of nvidia-nccl-cu12"
-        );
-        return None;
-    };
-    let so2 = wheel.join("nvidia/nccl/lib/libnccl.so.2");
-    Some(
-        so2.canonicalize()
-            .unwrap_or_else(|e| panic!("NCCL_WORKSHOP_TEST_LIBNCCL={}: {e}", wheel.display())),
-    )
+    test_support::libnccl::wheel_or_skip().map(|wheel| test_support::libnccl::so2(&wheel))
 }
 
 /// Waits until `dir` has every one of `names` (a process that died fails the test here, at the
