@@ -14,6 +14,7 @@ pub mod backend;
 pub mod check;
 pub mod collective;
 pub mod comm;
+pub mod deadline;
 pub mod dtype;
 pub mod error;
 pub mod failure_record;

@@ -284,60 +284,14 @@ pub fn time_loop_with(
     if marking {
         stopwatch.reserve(plan.waiting.marks(iters))?;
     }
-    let mark = |stopwatch: &mut Stopwatch| match marking {
+    let mut mark = || match marking {
         true => stopwatch.mark(),
         false => Ok(()),
     };
     // Every rank starts the timed loop together, as after nccl-tests' Barrier.
     comm.barrier()?;
     let timed = crate::profile::range(|| format!("timed loop x{iters}"));
-    // Per iteration on the host clock, where the loop waits for each.
-    let mut host = Vec::with_capacity(iters);
-    let total = match plan.waiting {
-        Waiting::BackToBack => {
-            let start = Instant::now();
-            comm.batch(|| {
-                for _ in 0..iters {
-                    mark(stopwatch)?;
-                    iteration()?;
-                }
-                mark(stopwatch)
-            })?;
-            start.elapsed()
-        }
-        Waiting::BarrierEach => {
-            let start = Instant::now();
-            let mut last = start;
-            for _ in 0..iters {
-                mark(stopwatch)?;
-                iteration()?;
-                comm.barrier()?;
-                let now = Instant::now();
-                host.push(now - last);
-                last = now;
-            }
-            mark(stopwatch)?;
-            last - start
-        }
-        Waiting::EachCall => {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let start = Instant::now();
-                // In a batch, so that the closing mark goes right behind the calls on the
-                // stream, before the wait at the batch's end.
-                comm.batch(|| {
-                    mark(stopwatch)?;
-                    iteration()?;
-                    mark(stopwatch)
-                })?;
-                let took = start.elapsed();
-                host.push(took);
-                total += took;
-                comm.barrier()?;
-            }
-            total
-        }
-    };
+    let (total, host) = run_timed(comm, plan.waiting, iters, &mut mark, &mut iteration)?;
     drop(timed);
     let calls = (iters.max(1) * aggregate) as f64;
     let per_call = |d: Duration| d.as_secs_f64() / aggregate as f64;
@@ -360,6 +314,64 @@ pub fn time_loop_with(
         iterations,
         clock,
     })
+}
+
+/// The timed loop itself, as `waiting` says: its total time, and each iteration's on the host
+/// clock where the loop waits for each. `mark` marks the stopwatch (or does nothing).
+fn run_timed(
+    comm: &Communicator,
+    waiting: Waiting,
+    iters: usize,
+    mark: &mut dyn FnMut() -> Result<()>,
+    iteration: &mut dyn FnMut() -> Result<()>,
+) -> Result<(Duration, Vec<Duration>)> {
+    let mut host = Vec::with_capacity(iters);
+    let total = match waiting {
+        Waiting::BackToBack => {
+            let start = Instant::now();
+            comm.batch(|| {
+                for _ in 0..iters {
+                    mark()?;
+                    iteration()?;
+                }
+                mark()
+            })?;
+            start.elapsed()
+        }
+        Waiting::BarrierEach => {
+            let start = Instant::now();
+            let mut last = start;
+            for _ in 0..iters {
+                mark()?;
+                iteration()?;
+                comm.barrier()?;
+                let now = Instant::now();
+                host.push(now - last);
+                last = now;
+            }
+            mark()?;
+            last - start
+        }
+        Waiting::EachCall => {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let start = Instant::now();
+                // In a batch, so that the closing mark goes right behind the calls on the
+                // stream, before the wait at the batch's end.
+                comm.batch(|| {
+                    mark()?;
+                    iteration()?;
+                    mark()
+                })?;
+                let took = start.elapsed();
+                host.push(took);
+                total += took;
+                comm.barrier()?;
+            }
+            total
+        }
+    };
+    Ok((total, host))
 }
 
 /// Every rank's `mine` by rank, and the slowest rank's value of each of `each`: one all-reduce

@@ -119,7 +119,7 @@ impl Store {
     /// ([`CommError::JobAborted`]). The last three end the job for every rank.
     pub fn join(host: &str, port: u16, who: &Membership<'_>, timeout: Duration) -> Result<Store> {
         let endpoint = format!("{host}:{port}");
-        let deadline = far(timeout);
+        let deadline = crate::deadline::after(timeout);
         let conn =
             connect_until(&endpoint, deadline).map_err(|source| CommError::StoreUnreachable {
                 rank: who.rank,
@@ -800,12 +800,4 @@ fn connect_until(endpoint: &str, deadline: Instant) -> std::io::Result<Conn> {
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(500));
     }
-}
-
-/// `timeout` from now, or a year from now where that cannot be represented.
-fn far(timeout: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(timeout)
-        .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
-        .unwrap_or(now)
 }

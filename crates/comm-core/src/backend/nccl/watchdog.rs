@@ -98,7 +98,7 @@ impl Watchdog {
         let mut state = self.shared.state.lock().unwrap();
         let id = state.next_id;
         state.next_id += 1;
-        let deadline = far(self.timeout);
+        let deadline = crate::deadline::after(self.timeout);
         state.armed = Some(Armed {
             id,
             what: what.to_string(),
@@ -210,14 +210,6 @@ pub(super) fn take(pause: Pause) {
         Pause::Spin => std::hint::spin_loop(),
         Pause::Yield => std::thread::yield_now(),
     }
-}
-
-/// `timeout` from now, or a year from now where that cannot be represented.
-fn far(timeout: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(timeout)
-        .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
-        .unwrap_or(now)
 }
 
 #[cfg(test)]
