@@ -77,7 +77,67 @@ impl Resolved {
 }
 
 pub fn resolve(cli: &Cli, machine: &Machine) -> Result<Resolved, String> {
-    let nproc = match cli.nproc_per_node {
+    let nproc = nproc_per_node(cli, machine)?;
+    let grace = shutdown_grace(cli)?;
+    if let Some(backend) = &cli.rdzv_backend {
+        if backend != "c10d" && backend != "static" {
+            return Err(format!(
+                "--rdzv-backend {backend}: commrun's rendezvous is the store rank 0 serves \
+                 (torchrun's c10d or static); drop the flag or give one of those"
+            ));
+        }
+    }
+    // The srun task's place, unless the flags say otherwise (or --standalone asks for none).
+    let slurm = machine.slurm.as_ref().filter(|_| !cli.standalone);
+    let (nnodes, node_rank) = node_place(cli, slurm)?;
+    // Refused before anything starts (spawn::run would refuse too, after the checks below).
+    let flag = if nnodes > 1 {
+        "--nproc-per-node × --nnodes"
+    } else {
+        "--nproc-per-node"
+    };
+    comm_core::spawn::check_ranks(flag, nproc, nnodes).map_err(|e| e.to_string())?;
+    if node_rank >= nnodes {
+        return Err(format!(
+            "--node-rank {node_rank} but --nnodes {nnodes}: node ranks go from 0 to {}",
+            nnodes - 1
+        ));
+    }
+    check_restarts(cli.max_restarts, nnodes)?;
+    let output = OutputPlan {
+        log_dir: cli.log_dir.clone(),
+        redirects: cli.redirects.clone(),
+        tee: cli.tee.clone(),
+        filter: cli.local_ranks_filter.clone(),
+    };
+    output.check(nproc)?;
+
+    let (master_addr, master_port) = master(cli, machine, slurm, nnodes)?;
+    let program = find_program(&cli.command[0])?;
+    let args: Vec<OsString> = cli.command[1..].to_vec();
+    let run_id = run_id(cli, slurm, nnodes);
+    Ok(Resolved {
+        plan: SpawnPlan {
+            program,
+            args,
+            nproc_per_node: nproc,
+            nnodes,
+            node_rank,
+            master_addr,
+            master_port,
+            prefix_output: !cli.no_prefix,
+            grace,
+            run_id,
+        },
+        from_slurm: slurm.is_some(),
+        max_restarts: cli.max_restarts,
+        output,
+    })
+}
+
+/// Ranks on this node: `--nproc-per-node` as a number, or read off the machine.
+fn nproc_per_node(cli: &Cli, machine: &Machine) -> Result<usize, String> {
+    Ok(match cli.nproc_per_node {
         Nproc::Count(n) => n,
         Nproc::Cpu => machine.cpus,
         Nproc::Gpu if machine.gpus == 0 => {
@@ -90,23 +150,21 @@ pub fn resolve(cli: &Cli, machine: &Machine) -> Result<Resolved, String> {
         Nproc::Gpu => machine.gpus,
         Nproc::Auto if machine.gpus > 0 => machine.gpus,
         Nproc::Auto => machine.cpus,
-    };
-    let grace = Duration::try_from_secs_f64(cli.shutdown_timeout).map_err(|_| {
+    })
+}
+
+/// `--shutdown-timeout` as a duration.
+fn shutdown_grace(cli: &Cli) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(cli.shutdown_timeout).map_err(|_| {
         format!(
             "--shutdown-timeout {}: give a number of seconds, 0 or more",
             cli.shutdown_timeout
         )
-    })?;
-    if let Some(backend) = &cli.rdzv_backend {
-        if backend != "c10d" && backend != "static" {
-            return Err(format!(
-                "--rdzv-backend {backend}: commrun's rendezvous is the store rank 0 serves \
-                 (torchrun's c10d or static); drop the flag or give one of those"
-            ));
-        }
-    }
-    // The srun task's place, unless the flags say otherwise (or --standalone asks for none).
-    let slurm = machine.slurm.as_ref().filter(|_| !cli.standalone);
+    })
+}
+
+/// How many nodes, and which one this is: from the flags, or the srun task's place.
+fn node_place(cli: &Cli, slurm: Option<&Topology>) -> Result<(usize, usize), String> {
     if let Some(task) = slurm {
         if task.local_world_size != 1 && cli.nnodes.is_none() && cli.node_rank.is_none() {
             return Err(format!(
@@ -136,34 +194,23 @@ pub fn resolve(cli: &Cli, machine: &Machine) -> Result<Resolved, String> {
         ))
         }
     };
-    // Refused before anything starts (spawn::run would refuse too, after the checks below).
-    let flag = if nnodes > 1 {
-        "--nproc-per-node × --nnodes"
-    } else {
-        "--nproc-per-node"
-    };
-    comm_core::spawn::check_ranks(flag, nproc, nnodes).map_err(|e| e.to_string())?;
-    if node_rank >= nnodes {
-        return Err(format!(
-            "--node-rank {node_rank} but --nnodes {nnodes}: node ranks go from 0 to {}",
-            nnodes - 1
-        ));
-    }
-    check_restarts(cli.max_restarts, nnodes)?;
-    let output = OutputPlan {
-        log_dir: cli.log_dir.clone(),
-        redirects: cli.redirects.clone(),
-        tee: cli.tee.clone(),
-        filter: cli.local_ranks_filter.clone(),
-    };
-    output.check(nproc)?;
+    Ok((nnodes, node_rank))
+}
 
+/// Where rank 0 serves the store: `--standalone`'s free local port, or the flags', the
+/// endpoint's or Slurm's address and port.
+fn master(
+    cli: &Cli,
+    machine: &Machine,
+    slurm: Option<&Topology>,
+    nnodes: usize,
+) -> Result<(String, u16), String> {
     let endpoint = cli
         .rdzv_endpoint
         .as_deref()
         .map(parse_endpoint)
         .transpose()?;
-    let (master_addr, master_port) = if cli.standalone {
+    Ok(if cli.standalone {
         ("127.0.0.1".to_string(), (machine.free_port)()?)
     } else {
         let addr = cli
@@ -189,35 +236,19 @@ pub fn resolve(cli: &Cli, machine: &Machine) -> Result<Resolved, String> {
             .or(slurm.map(|t| t.master_port))
             .unwrap_or(DEFAULT_MASTER_PORT);
         (addr, port)
-    };
-    let program = find_program(&cli.command[0])?;
-    let args: Vec<OsString> = cli.command[1..].to_vec();
+    })
+}
+
+fn run_id(cli: &Cli, slurm: Option<&Topology>, nnodes: usize) -> Option<String> {
     // The run the workers belong to (TORCHELASTIC_RUN_ID), as torchrun passes --rdzv-id: given,
     // or Slurm's job and step, or a fresh one where this commrun is the whole job. Several nodes
     // started by hand without --rdzv-id share none (each would make up its own).
-    let run_id = match (&cli.rdzv_id, slurm) {
+    match (&cli.rdzv_id, slurm) {
         (Some(id), _) if !id.trim().is_empty() => Some(id.trim().to_string()),
         (_, Some(task)) => task.run_id.clone(),
         _ if nnodes == 1 => Some(comm_core::topology::fresh_run_id()),
         _ => None,
-    };
-    Ok(Resolved {
-        plan: SpawnPlan {
-            program,
-            args,
-            nproc_per_node: nproc,
-            nnodes,
-            node_rank,
-            master_addr,
-            master_port,
-            prefix_output: !cli.no_prefix,
-            grace,
-            run_id,
-        },
-        from_slurm: slurm.is_some(),
-        max_restarts: cli.max_restarts,
-        output,
-    })
+    }
 }
 
 /// Restarting a worker group on one node of several would need every node's commrun to stop
