@@ -137,24 +137,7 @@ impl ShmTransport {
             return Ok(over_tcp(tcp, "no other rank on this host".into()));
         }
         let shared = share_memory(store, &prefix, rank, &peers)?;
-        let failed: Vec<_> = peers
-            .iter()
-            .copied()
-            .filter(|p| !shared.mapped.iter().any(|(q, _)| q == p))
-            .collect();
-        if !failed.is_empty() {
-            let why = shared.why.as_deref().unwrap_or("the peer could not map it");
-            let message = format!(
-                "rank {rank} cannot share memory with ranks {}: {why}",
-                crate::error::rank_list(failed.iter().copied())
-            );
-            if choice == TransportChoice::Shm {
-                return Err(CommError::Backend(format!(
-                    "--transport shm: {message} (--transport tcp or auto runs without it)"
-                )));
-            }
-            eprintln!("warning: {message}; those pairs use TCP");
-        }
+        unmapped_peers(rank, &peers, &shared, choice)?;
         let Shared {
             inbox,
             mapped,
@@ -172,18 +155,7 @@ impl ShmTransport {
                 bell: theirs.doorbell(),
             });
         }
-        let remote = world_size - host.len();
-        let summary = match (mapped.len(), remote) {
-            (n, 0) if n + 1 == world_size => {
-                format!("shared memory between the {world_size} ranks of this host")
-            }
-            (0, _) => "shared memory could not be set up".into(),
-            (n, _) => format!(
-                "rank {rank}: shared memory to {n} rank{} of its host, TCP to {}",
-                if n == 1 { "" } else { "s" },
-                world_size - 1 - n
-            ),
-        };
+        let summary = summary(rank, world_size, mapped.len(), host.len());
         Ok(ShmTransport {
             tcp,
             pairs,
@@ -307,6 +279,51 @@ fn ring_index(host: &[usize], sender: usize, receiver: usize) -> usize {
         .filter(|&&r| r != receiver)
         .position(|&r| r == sender)
         .expect("both ranks are on the host")
+}
+
+/// The peers of this host whose memory could not be shared: an error under `--transport shm`,
+/// a warning otherwise (those pairs use TCP).
+fn unmapped_peers(
+    rank: usize,
+    peers: &[usize],
+    shared: &Shared,
+    choice: TransportChoice,
+) -> Result<()> {
+    let failed: Vec<_> = peers
+        .iter()
+        .copied()
+        .filter(|p| !shared.mapped.iter().any(|(q, _)| q == p))
+        .collect();
+    if failed.is_empty() {
+        return Ok(());
+    }
+    let why = shared.why.as_deref().unwrap_or("the peer could not map it");
+    let message = format!(
+        "rank {rank} cannot share memory with ranks {}: {why}",
+        crate::error::rank_list(failed.iter().copied())
+    );
+    if choice == TransportChoice::Shm {
+        return Err(CommError::Backend(format!(
+            "--transport shm: {message} (--transport tcp or auto runs without it)"
+        )));
+    }
+    eprintln!("warning: {message}; those pairs use TCP");
+    Ok(())
+}
+
+/// The transport line's words: which ranks share memory, and who is reached by TCP.
+fn summary(rank: usize, world_size: usize, mapped: usize, on_host: usize) -> String {
+    match (mapped, world_size - on_host) {
+        (n, 0) if n + 1 == world_size => {
+            format!("shared memory between the {world_size} ranks of this host")
+        }
+        (0, _) => "shared memory could not be set up".into(),
+        (n, _) => format!(
+            "rank {rank}: shared memory to {n} rank{} of its host, TCP to {}",
+            if n == 1 { "" } else { "s" },
+            world_size - 1 - n
+        ),
+    }
 }
 
 /// What identifies a host: its name and the kernel's boot id (two containers of one name on
