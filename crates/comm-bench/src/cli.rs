@@ -42,9 +42,8 @@ WHAT IS TIMED
 
   algbw = size / time (GB/s, 10^9 bytes per second), size being the whole buffer a rank sends or
   receives: the gathered buffer for all_gather, the buffer before scattering for reduce_scatter.
-  busbw = algbw x a factor that makes it comparable to a link's speed whatever the world size n:
-  2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for broadcast, reduce and
-  sendrecv (nccl-tests' PERFORMANCE.md).
+  busbw = algbw x a factor that makes it comparable to a link's speed whatever the world size n
+  (nccl-tests' PERFORMANCE.md; BUS FACTORS below lists each collective's).
 
   #wrong: after the timing, the collective runs -c more times on fresh inputs (small whole numbers,
   so float sums are exact in any order) and each rank compares every element of its result with a
@@ -61,12 +60,21 @@ EXAMPLES
   comm-bench --preset allreduce-sweep --csv cpu.csv      # the course's 1 MB-1 GB x 2/4/6 sweep
   comm-bench report cpu.csv gpu.csv -o report/           # plots, tables, observations";
 
+/// [`TIMING_HELP`], then every collective's bus factor from the table.
+fn timing_help() -> String {
+    let mut help = format!("{TIMING_HELP}\n\nBUS FACTORS (busbw / algbw on n ranks)\n");
+    for c in comm_core::Collective::ALL {
+        help += &format!("  {:<16}{}\n", c.name(), c.describe().bus_rule);
+    }
+    help
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "comm-bench",
     version,
     about = "Times collectives on any backend the way nccl-tests does: size, count, time, algbw, busbw, #wrong",
-    after_long_help = TIMING_HELP,
+    after_long_help = timing_help(),
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {

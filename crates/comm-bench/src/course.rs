@@ -22,20 +22,6 @@ use crate::report::{self, Naming};
 /// writes to `../../results/distributed_communication/` from its script's folder).
 pub const SWEEP_DIR: &str = "results/distributed_communication";
 
-/// A collective as the course's profiler writes it: `AllReduce`, `AllGather`, `ReduceScatter`.
-pub fn profiler_name(collective: &str) -> String {
-    match collective {
-        "all_reduce" => "AllReduce".into(),
-        "all_gather" => "AllGather".into(),
-        "reduce_scatter" => "ReduceScatter".into(),
-        "broadcast" => "Broadcast".into(),
-        "reduce" => "Reduce".into(),
-        "sendrecv" => "SendRecv".into(),
-        "alltoall" => "AllToAll".into(),
-        other => other.into(),
-    }
-}
-
 /// `1048576` as `1,048,576`.
 fn thousands(n: u64) -> String {
     let digits = n.to_string();
@@ -127,7 +113,7 @@ pub fn profile_block(plan: &Plan, rows: &[&Row]) -> String {
                 }) else {
                     continue;
                 };
-                let mut label = profiler_name(name);
+                let mut label = c.describe().title.to_string();
                 if plan.dtypes.len() > 1 || plan.ops.len() > 1 {
                     let _ = write!(label, " ({dtype}, {redop})");
                 }

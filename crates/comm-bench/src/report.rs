@@ -245,9 +245,10 @@ pub fn report_as(files: &[PathBuf], out: &Path, naming: Naming) -> Result<Report
         let head = format!(
             "Analysis of {}\n\nTimes are nccl-tests' time column: per call, on the host clock, \
              combined over ranks as each row's -a says (the mean over ranks by default); algbw = \
-             size / time, busbw = algbw x 2(n-1)/n for all_reduce (nccl-tests' bus bandwidth). \
-             Observations are computed from the numbers.\n\n",
-            sources.join(", ").replace('`', "")
+             size / time, busbw = algbw x the collective's bus factor (nccl-tests' bus \
+             bandwidth: {}). Observations are computed from the numbers.\n\n",
+            sources.join(", ").replace('`', ""),
+            bus_rules()
         );
         texts.extend([
             ("full_results.md", full),
@@ -801,6 +802,12 @@ pub fn observe(name: &str, series: &[Series]) -> Vec<String> {
 
 fn gbps(v: f64) -> String {
     format!("{v:.2} GB/s")
+}
+
+/// Every collective's bus factor as the table writes it: `all_reduce 2(n-1)/n, ...`.
+fn bus_rules() -> String {
+    let rule = |c: Collective| format!("{} {}", c.name(), c.describe().bus_rule);
+    Collective::ALL.map(rule).join(", ")
 }
 
 #[cfg(test)]

@@ -51,9 +51,13 @@ pub struct Description {
     pub collective: Collective,
     /// nccl-tests' name (`all_reduce`, `alltoall`, ...): tables, CSV rows, `--collectives`.
     pub name: &'static str,
+    /// The name in CamelCase (`AllReduce`), as PyTorch's profiler and the course print it.
+    pub title: &'static str,
     /// busbw / algbw for a world of `n` ranks (nccl-tests' PERFORMANCE.md): what each link
     /// carries relative to the whole buffer, so busbw compares with a link's speed.
     pub bus_factor: fn(n: f64) -> f64,
+    /// The same factor as a reader writes it (`2(n-1)/n`), for reports.
+    pub bus_rule: &'static str,
     /// Takes a root rank (`-r`).
     pub rooted: bool,
     /// Takes a reduction (`-o`).
@@ -159,7 +163,9 @@ impl Collective {
         let base = Description {
             collective: self,
             name: "",
+            title: "",
             bus_factor: once,
+            bus_rule: "1",
             rooted: false,
             reduces: false,
             in_place: true,
@@ -171,14 +177,18 @@ impl Collective {
         match self {
             Collective::AllReduce => Description {
                 name: "all_reduce",
+                title: "AllReduce",
                 bus_factor: ring,
+                bus_rule: "2(n-1)/n",
                 reduces: true,
                 result: |p| vec![piece(0..p.count, Origin::Reduced, 0)],
                 ..base
             },
             Collective::AllGather => Description {
                 name: "all_gather",
+                title: "AllGather",
                 bus_factor: all_but_own,
+                bus_rule: "(n-1)/n",
                 recv: Span::WorldBlocks,
                 result: |p| {
                     let each = |r| piece(block(r, p.count), Origin::Rank(r), 0);
@@ -188,7 +198,9 @@ impl Collective {
             },
             Collective::ReduceScatter => Description {
                 name: "reduce_scatter",
+                title: "ReduceScatter",
                 bus_factor: all_but_own,
+                bus_rule: "(n-1)/n",
                 reduces: true,
                 send: Span::WorldBlocks,
                 result: |p| vec![piece(0..p.count, Origin::Reduced, p.rank * p.count)],
@@ -196,12 +208,14 @@ impl Collective {
             },
             Collective::Broadcast => Description {
                 name: "broadcast",
+                title: "Broadcast",
                 rooted: true,
                 result: |p| vec![piece(0..p.count, Origin::Rank(p.root), 0)],
                 ..base
             },
             Collective::Reduce => Description {
                 name: "reduce",
+                title: "Reduce",
                 rooted: true,
                 reduces: true,
                 result: |p| match p.rank == p.root {
@@ -212,6 +226,7 @@ impl Collective {
             },
             Collective::SendRecv => Description {
                 name: "sendrecv",
+                title: "SendRecv",
                 in_place: false,
                 min_ranks: 2,
                 result: |p| {
@@ -225,7 +240,9 @@ impl Collective {
             // as nccl-tests checks it.
             Collective::AllToAll => Description {
                 name: "alltoall",
+                title: "AllToAll",
                 bus_factor: all_but_own,
+                bus_rule: "(n-1)/n",
                 in_place: false,
                 send: Span::WorldBlocks,
                 recv: Span::WorldBlocks,
