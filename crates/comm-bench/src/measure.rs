@@ -7,7 +7,7 @@
 //! at a time, so checking 1 GB on 6 ranks does not hold 6 GB on every rank).
 
 use comm_core::check::{self, Mismatch};
-use comm_core::collective::Buffers;
+use comm_core::comm::Buffers;
 use comm_core::timing::{time_loop_with, Average, Loop, Stopwatch, Timing};
 use comm_core::{Collective, CommError, Communicator, DType, Element, ReduceOp, Result};
 

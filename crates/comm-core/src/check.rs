@@ -6,7 +6,8 @@
 //! Inputs are small whole numbers derived from (seed, rank), so every rank can compute every
 //! other rank's input, and float sums and products are exact whatever order a ring adds in.
 
-use crate::collective::{Buffers, Collective, Counts, Origin, Place};
+use crate::collective::{Call, Collective, Counts, Origin, Place};
+use crate::comm::Buffers;
 use crate::comm::Communicator;
 use crate::dtype::{finish, reduce_into, DType, Element, ReduceOp};
 use crate::error::Result;
@@ -144,7 +145,9 @@ impl Case {
 
     /// The call itself, on buffers from [`Case::buffers`].
     pub fn call<T: Element>(&self, comm: &Communicator, buffers: &mut Buffers<T>) -> Result<()> {
-        self.collective.call(comm, buffers, self.op, self.root)
+        let call = Call::new(self.collective).op(self.op).root(self.root);
+        let (send, recv) = buffers.parts();
+        comm.collective(call, send, recv)
     }
 
     /// The result on this rank, on the host.

@@ -1,19 +1,20 @@
 //! One description per collective, in the spirit of nccl-tests' `testColl`: its name, its bus
 //! factor, the element counts for a size and world size, whether it has a root, a reduction and
-//! an in-place form, what every rank must hold afterwards, and the call itself.
+//! an in-place form, and what every rank must hold afterwards. A [`Call`] is one use of an entry
+//! (with its reduction, root or peers), and [`Call::check`] is the one place buffer lengths are
+//! checked against it.
 //!
-//! Everything that runs collectives generically reads this table: the correctness checks
-//! ([`crate::check`], `collective-check`, the GPU check script), the collective tests, and
-//! comm-bench's plan and measurement. Adding a collective is one [`Collective`] variant, its
-//! [`Collective::describe`] and [`Collective::call`] arms here, and its backend implementations
-//! (the CPU algorithm and the NCCL call) behind a [`Communicator`] method.
+//! Everything that runs collectives reads this table: [`Communicator::collective`](crate::comm::Communicator::collective), which checks
+//! a call here and hands it to a backend; the correctness checks ([`crate::check`],
+//! `collective-check`, the GPU check script); the collective tests; comm-bench's plan, measurement
+//! and report. Adding a collective is one [`Collective`] variant and its table entry here, its CPU
+//! algorithm (`backend/cpu/algorithms.rs`) and its NCCL mapping (`backend/nccl/collectives.rs`).
 
 use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
 
-use crate::comm::{Buffer, Communicator};
-use crate::dtype::{Element, ReduceOp};
+use crate::dtype::ReduceOp;
 use crate::error::{CommError, Result};
 
 /// The collectives, named as nccl-tests names its programs.
@@ -256,44 +257,6 @@ impl Collective {
         }
     }
 
-    /// Runs the collective on a rank's buffers (every rank must call it).
-    pub fn call<T: Element>(
-        self,
-        comm: &Communicator,
-        buffers: &mut Buffers<T>,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
-        use Buffers::{InPlace, OutOfPlace};
-        let (n, rank) = (comm.world_size(), comm.rank());
-        match (self, buffers) {
-            (Collective::AllReduce, InPlace(buf)) => comm.all_reduce(buf, op),
-            (Collective::AllReduce, OutOfPlace { send, recv }) => {
-                comm.all_reduce_into(send, recv, op)
-            }
-            (Collective::AllGather, InPlace(buf)) => comm.all_gather(buf),
-            (Collective::AllGather, OutOfPlace { send, recv }) => comm.all_gather_into(send, recv),
-            (Collective::ReduceScatter, InPlace(buf)) => comm.reduce_scatter(buf, op),
-            (Collective::ReduceScatter, OutOfPlace { send, recv }) => {
-                comm.reduce_scatter_into(send, recv, op)
-            }
-            (Collective::Broadcast, InPlace(buf)) => comm.broadcast(buf, root),
-            (Collective::Broadcast, OutOfPlace { send, recv }) => {
-                comm.broadcast_into(send, recv, root)
-            }
-            (Collective::Reduce, InPlace(buf)) => comm.reduce(buf, op, root),
-            (Collective::Reduce, OutOfPlace { send, recv }) => {
-                comm.reduce_into(send, recv, op, root)
-            }
-            // The ring exchange, as nccl-tests' sendrecv: to rank+1 while from rank-1.
-            (Collective::SendRecv, OutOfPlace { send, recv }) => {
-                comm.send_recv(send, (rank + 1) % n, recv, (rank + n - 1) % n)
-            }
-            (Collective::AllToAll, OutOfPlace { send, recv }) => comm.all_to_all(send, recv),
-            (c, InPlace(_)) => Err(CommError::Usage(format!("{c} has no in-place form"))),
-        }
-    }
-
     /// nccl-tests' name.
     pub fn name(self) -> &'static str {
         self.describe().name
@@ -348,18 +311,170 @@ fn piece(dst: Range<usize>, origin: Origin, src: usize) -> Piece {
     Piece { dst, origin, src }
 }
 
-/// A rank's buffers for one call: one buffer in place, a send and a receive buffer out of place.
-#[derive(Debug)]
-pub enum Buffers<T: Element> {
-    /// The result overwrites the input.
-    InPlace(Buffer<T>),
-    /// Separate buffers, as NCCL's out-of-place calls take them.
-    OutOfPlace {
-        /// Read by the call.
-        send: Buffer<T>,
-        /// Written by the call.
-        recv: Buffer<T>,
-    },
+/// One call of a collective: its table entry and what it takes besides the buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call {
+    /// Which collective.
+    pub collective: Collective,
+    /// The reduction, for collectives that reduce.
+    pub op: ReduceOp,
+    /// The root, for rooted collectives.
+    pub root: usize,
+    /// sendrecv's peers (to, from); `None` for nccl-tests' ring: to rank+1, from rank-1.
+    pub peers: Option<(usize, usize)>,
+}
+
+impl Call {
+    /// A call of `collective` with a sum, root 0 and the ring's peers.
+    pub fn new(collective: Collective) -> Call {
+        Call {
+            collective,
+            op: ReduceOp::Sum,
+            root: 0,
+            peers: None,
+        }
+    }
+
+    /// With reduction `op`.
+    pub fn op(self, op: ReduceOp) -> Call {
+        Call { op, ..self }
+    }
+
+    /// With root `root`.
+    pub fn root(self, root: usize) -> Call {
+        Call { root, ..self }
+    }
+
+    /// Sending to `to` while receiving from `from` (sendrecv).
+    pub fn peers(self, to: usize, from: usize) -> Call {
+        Call {
+            peers: Some((to, from)),
+            ..self
+        }
+    }
+
+    /// sendrecv's (to, from) for `rank` of `world_size`.
+    pub fn exchange_peers(&self, rank: usize, world_size: usize) -> (usize, usize) {
+        let ring = (
+            (rank + 1) % world_size,
+            (rank + world_size - 1) % world_size,
+        );
+        self.peers.unwrap_or(ring)
+    }
+
+    /// Checks the call's arguments, and the lengths of its buffers against the table, on `rank`
+    /// of `world_size`: `send` is the send buffer's length (`None` in place, where `recv` is the
+    /// one buffer's). The only way to a [`Checked`] call, which the backends take; a usage error
+    /// names what is wrong.
+    pub fn check(
+        &self,
+        send: Option<usize>,
+        recv: usize,
+        rank: usize,
+        world_size: usize,
+    ) -> Result<Checked> {
+        let d = self.collective.describe();
+        let usage = |what: String| Err(CommError::Usage(format!("{}: {what}", d.name)));
+        if world_size < d.min_ranks {
+            return usage(format!(
+                "needs at least {} ranks (world size {world_size})",
+                d.min_ranks
+            ));
+        }
+        if d.rooted && self.root >= world_size {
+            return usage(format!(
+                "root {} is not a rank (world size {world_size})",
+                self.root
+            ));
+        }
+        for peer in self.peers.iter().flat_map(|&(to, from)| [to, from]) {
+            if peer >= world_size || peer == rank {
+                return usage(format!(
+                    "peer {peer} is not another rank (rank {rank}, world size {world_size})"
+                ));
+            }
+        }
+        if send.is_none() && !d.in_place {
+            return usage("has no in-place form: give a send and a receive buffer".into());
+        }
+        let count = self.count_of(send, recv, world_size)?;
+        if count.checked_mul(world_size).is_none() {
+            return usage(format!("count {count} × world size {world_size} overflows"));
+        }
+        let counts = self.collective.counts(count, world_size, rank);
+        let wants = match send {
+            None => [("buffer", recv, counts.whole())].to_vec(),
+            Some(send) => [("send", send, counts.send), ("recv", recv, counts.recv)].to_vec(),
+        };
+        if let Some((side, len, want)) = wants.into_iter().find(|(_, len, want)| len != want) {
+            return usage(format!(
+                "{side} has {len} elements but must have {want} (count {count}, world size \
+                 {world_size})"
+            ));
+        }
+        Ok(Checked {
+            call: *self,
+            counts,
+            in_place: send.is_none(),
+            rank,
+            world_size,
+        })
+    }
+
+    /// The call's count, from the side the table sizes by it (or from whole blocks).
+    fn count_of(&self, send: Option<usize>, recv: usize, world_size: usize) -> Result<usize> {
+        let d = self.collective.describe();
+        let blocks = |len: usize| match len.is_multiple_of(world_size) {
+            true => Ok(len / world_size),
+            false => Err(CommError::Usage(format!(
+                "{}: a buffer of {len} elements does not split into {world_size} equal blocks",
+                d.name
+            ))),
+        };
+        match (send, d.send, d.recv) {
+            (None, Span::Count, Span::Count) => Ok(recv),
+            (None, _, _) => blocks(recv),
+            (Some(_), _, Span::Count) => Ok(recv),
+            (Some(send), Span::Count, _) => Ok(send),
+            (Some(send), _, _) => blocks(send),
+        }
+    }
+}
+
+/// A call whose buffer lengths [`Call::check`] found right for its rank and world size: what a
+/// backend runs. Only `check` makes one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checked {
+    /// The call.
+    pub call: Call,
+    /// Its buffers' lengths and in-place offsets.
+    pub counts: Counts,
+    /// One buffer (of `counts.whole()` elements) rather than two.
+    pub in_place: bool,
+    rank: usize,
+    world_size: usize,
+}
+
+impl Checked {
+    /// The rank it was checked for.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The world size it was checked for.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// Whether buffers of these lengths are the ones checked, on `world_size` ranks: what a
+    /// backend that hands raw pointers on asserts before it does.
+    pub fn fits(&self, send: Option<usize>, recv: usize, world_size: usize) -> bool {
+        let lengths = match send {
+            None => self.in_place && recv == self.counts.whole(),
+            Some(send) => !self.in_place && send == self.counts.send && recv == self.counts.recv,
+        };
+        lengths && world_size == self.world_size
+    }
 }
 
 impl fmt::Display for Collective {
@@ -463,5 +578,103 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn usage(checked: Result<Checked>) -> String {
+        match checked {
+            Err(CommError::Usage(text)) => text,
+            other => panic!("not a usage error: {other:?}"),
+        }
+    }
+
+    fn call(c: Collective) -> Call {
+        Call::new(c)
+    }
+
+    #[test]
+    fn same_length_collectives_want_count_on_both_sides() {
+        use Collective::*;
+        for c in [AllReduce, Broadcast, Reduce] {
+            let checked = call(c).check(Some(5), 5, 1, 4).unwrap();
+            assert_eq!((checked.counts.count, checked.in_place), (5, false));
+            assert_eq!(call(c).check(None, 5, 1, 4).unwrap().counts.whole(), 5);
+            let err = usage(call(c).check(Some(3), 5, 1, 4));
+            assert!(
+                err.starts_with(c.name()) && err.contains("send has 3 elements but must have 5"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn all_gather_wants_count_in_and_world_size_blocks_out() {
+        let ag = call(Collective::AllGather);
+        assert_eq!(ag.check(Some(2), 8, 0, 4).unwrap().counts.count, 2);
+        let in_place = ag.check(None, 8, 2, 4).unwrap();
+        // NCCL's in-place convention: the input is this rank's block of the one buffer.
+        assert_eq!(in_place.counts.in_place_send_offset, 4);
+        let err = usage(ag.check(Some(2), 6, 0, 4));
+        assert_eq!(
+            err,
+            "all_gather: recv has 6 elements but must have 8 (count 2, world size 4)"
+        );
+        let err = usage(ag.check(None, 6, 0, 4));
+        assert!(
+            err.contains("6 elements does not split into 4 equal blocks"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn reduce_scatter_wants_world_size_blocks_in_and_count_out() {
+        let rs = call(Collective::ReduceScatter);
+        assert_eq!(rs.check(Some(8), 2, 0, 4).unwrap().counts.count, 2);
+        let in_place = rs.check(None, 8, 3, 4).unwrap();
+        assert_eq!(in_place.counts.in_place_recv_offset, 6);
+        let err = usage(rs.check(Some(6), 2, 0, 4));
+        assert!(err.contains("send has 6 elements but must have 8"), "{err}");
+        usage(rs.check(Some(8), 8, 0, 4));
+        usage(rs.check(None, 2, 0, 4));
+    }
+
+    #[test]
+    fn all_to_all_is_out_of_place_with_world_size_blocks_on_both_sides() {
+        let a2a = call(Collective::AllToAll);
+        assert_eq!(a2a.check(Some(6), 6, 0, 3).unwrap().counts.count, 2);
+        usage(a2a.check(Some(6), 4, 0, 3));
+        usage(a2a.check(Some(4), 4, 0, 3));
+        let err = usage(a2a.check(None, 6, 0, 3));
+        assert!(err.contains("has no in-place form"), "{err}");
+    }
+
+    #[test]
+    fn roots_and_peers_must_be_ranks() {
+        let err = usage(call(Collective::Broadcast).root(4).check(None, 1, 0, 4));
+        assert_eq!(err, "broadcast: root 4 is not a rank (world size 4)");
+        let exchange = call(Collective::SendRecv);
+        assert_eq!(exchange.exchange_peers(0, 4), (1, 3));
+        assert_eq!(exchange.peers(2, 2).exchange_peers(0, 4), (2, 2));
+        let err = usage(exchange.peers(1, 0).check(Some(3), 3, 0, 2));
+        assert!(
+            err.contains("sendrecv: peer 0 is not another rank"),
+            "{err}"
+        );
+        let err = usage(exchange.check(Some(3), 3, 0, 1));
+        assert!(err.contains("needs at least 2 ranks"), "{err}");
+    }
+
+    #[test]
+    fn a_count_that_overflows_is_refused() {
+        let err = usage(call(Collective::AllGather).check(Some(usize::MAX), 1, 0, 2));
+        assert!(err.contains("overflows"), "{err}");
+    }
+
+    #[test]
+    fn checked_calls_fit_only_their_own_buffers() {
+        let checked = call(Collective::AllGather).check(Some(2), 8, 0, 4).unwrap();
+        assert!(checked.fits(Some(2), 8, 4));
+        assert!(!checked.fits(None, 8, 4));
+        assert!(!checked.fits(Some(2), 8, 2));
+        assert!(!checked.fits(Some(2), 9, 4));
     }
 }

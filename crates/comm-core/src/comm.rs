@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 
-use crate::backend::cpu::{CpuBackend, Transport};
+use crate::backend::cpu::{algorithms, Transport};
 use crate::backend::nccl::{GroupSafe, NcclBackend};
 use crate::backend::{BackendKind, Device};
+use crate::collective::{Call, Collective};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::store::Store;
@@ -40,6 +41,31 @@ impl<T: Element> Buffer<T> {
     /// Whether it holds no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// A rank's buffers for one call: one buffer in place, a send and a receive buffer out of place.
+#[derive(Debug)]
+pub enum Buffers<T: Element> {
+    /// The result overwrites the input.
+    InPlace(Buffer<T>),
+    /// Separate buffers, as NCCL's out-of-place calls take them.
+    OutOfPlace {
+        /// Read by the call.
+        send: Buffer<T>,
+        /// Written by the call.
+        recv: Buffer<T>,
+    },
+}
+
+impl<T: Element> Buffers<T> {
+    /// The send buffer (none in place) and the receive buffer, as [`Communicator::collective`](Communicator::collective)
+    /// takes them.
+    pub fn parts(&mut self) -> (Option<&Buffer<T>>, &mut Buffer<T>) {
+        match self {
+            Buffers::InPlace(buf) => (None, buf),
+            Buffers::OutOfPlace { send, recv } => (Some(send), recv),
+        }
     }
 }
 
@@ -76,7 +102,8 @@ fn device_mut<T: Element>(buf: &mut Buffer<T>) -> Result<&mut CudaSlice<T>> {
 }
 
 enum Engine {
-    Cpu(CpuBackend),
+    /// Host memory: the algorithms run over the transport.
+    Cpu(Box<dyn Transport>),
     Nccl(NcclBackend),
 }
 
@@ -108,7 +135,7 @@ impl Communicator {
             world_size: transport.world_size(),
             local_rank,
             device: Device::Cpu(transport.rank()),
-            engine: Engine::Cpu(CpuBackend::new(transport)),
+            engine: Engine::Cpu(transport),
             store: None,
             name: String::new(),
             grids: AtomicU64::new(0),
@@ -174,7 +201,7 @@ impl Communicator {
     /// on NCCL, which picks its own transports.
     pub fn transport(&self) -> Option<&'static str> {
         match &self.engine {
-            Engine::Cpu(cpu) => Some(cpu.transport().name()),
+            Engine::Cpu(t) => Some(t.name()),
             Engine::Nccl(_) => None,
         }
     }
@@ -290,19 +317,52 @@ impl Communicator {
     pub fn barrier(&self) -> Result<()> {
         let _range = crate::profile::range(|| "barrier".into());
         match &self.engine {
-            Engine::Cpu(cpu) => cpu.barrier(),
+            Engine::Cpu(t) => algorithms::barrier(t.as_ref()),
             Engine::Nccl(nccl) => nccl.barrier(),
+        }
+    }
+
+    /// Runs one call of the collective table on this rank's buffers (`send` `None`: in place,
+    /// `recv` is the one buffer), as every rank of the communicator must: the one way a
+    /// collective reaches a backend. Checks the call and the buffers' lengths against the table
+    /// first ([`Call::check`]); the methods below are this, named.
+    pub fn collective<T: Element>(
+        &self,
+        call: Call,
+        send: Option<&Buffer<T>>,
+        recv: &mut Buffer<T>,
+    ) -> Result<()> {
+        let _range = crate::profile::range(|| {
+            let placement = if send.is_some() { " out of place" } else { "" };
+            format!(
+                "{}{placement} {} x {}",
+                call.collective,
+                T::DTYPE,
+                recv.len()
+            )
+        });
+        let checked = call.check(
+            send.map(Buffer::len),
+            recv.len(),
+            self.rank,
+            self.world_size,
+        )?;
+        match &self.engine {
+            Engine::Cpu(t) => algorithms::run(
+                t.as_ref(),
+                &checked,
+                send.map(host).transpose()?,
+                host_mut(recv)?,
+            ),
+            Engine::Nccl(nccl) => {
+                nccl.collective(&checked, send.map(device).transpose()?, device_mut(recv)?)
+            }
         }
     }
 
     /// Copies the root's buffer to every rank.
     pub fn broadcast<T: Element>(&self, buf: &mut Buffer<T>, root: usize) -> Result<()> {
-        let _range = crate::profile::range(|| format!("broadcast {} x {}", T::DTYPE, buf.len()));
-        self.check_root(root, "broadcast")?;
-        match &self.engine {
-            Engine::Cpu(cpu) => cpu.broadcast(host_mut(buf)?, root),
-            Engine::Nccl(nccl) => nccl.broadcast(None, device_mut(buf)?, root),
-        }
+        self.collective(Call::new(Collective::Broadcast).root(root), None, buf)
     }
 
     /// The root's `send` lands in every rank's `recv`.
@@ -312,23 +372,16 @@ impl Communicator {
         recv: &mut Buffer<T>,
         root: usize,
     ) -> Result<()> {
-        let _range =
-            crate::profile::range(|| format!("broadcast_into {} x {}", T::DTYPE, recv.len()));
-        self.check_root(root, "broadcast")?;
-        same_len("broadcast", send, recv)?;
-        match &self.engine {
-            Engine::Cpu(cpu) => cpu.broadcast_into(host(send)?, host_mut(recv)?, root),
-            Engine::Nccl(nccl) => nccl.broadcast(Some(device(send)?), device_mut(recv)?, root),
-        }
+        self.collective(
+            Call::new(Collective::Broadcast).root(root),
+            Some(send),
+            recv,
+        )
     }
 
     /// Every rank ends with the element-wise reduction of all ranks' buffers.
     pub fn all_reduce<T: Element>(&self, buf: &mut Buffer<T>, op: ReduceOp) -> Result<()> {
-        let _range = crate::profile::range(|| format!("all_reduce {} x {}", T::DTYPE, buf.len()));
-        match &self.engine {
-            Engine::Cpu(cpu) => cpu.all_reduce(host_mut(buf)?, op),
-            Engine::Nccl(nccl) => nccl.all_reduce(None, device_mut(buf)?, op),
-        }
+        self.collective(Call::new(Collective::AllReduce).op(op), None, buf)
     }
 
     /// Every rank's `recv` gets the element-wise reduction of all ranks' `send`.
@@ -338,23 +391,12 @@ impl Communicator {
         recv: &mut Buffer<T>,
         op: ReduceOp,
     ) -> Result<()> {
-        let _range =
-            crate::profile::range(|| format!("all_reduce_into {} x {}", T::DTYPE, recv.len()));
-        same_len("all_reduce", send, recv)?;
-        match &self.engine {
-            Engine::Cpu(cpu) => cpu.all_reduce_into(host(send)?, host_mut(recv)?, op),
-            Engine::Nccl(nccl) => nccl.all_reduce(Some(device(send)?), device_mut(recv)?, op),
-        }
+        self.collective(Call::new(Collective::AllReduce).op(op), Some(send), recv)
     }
 
     /// The root ends with the reduction; other ranks' buffers are unchanged.
     pub fn reduce<T: Element>(&self, buf: &mut Buffer<T>, op: ReduceOp, root: usize) -> Result<()> {
-        let _range = crate::profile::range(|| format!("reduce {} x {}", T::DTYPE, buf.len()));
-        self.check_root(root, "reduce")?;
-        match &self.engine {
-            Engine::Cpu(cpu) => cpu.reduce(host_mut(buf)?, op, root),
-            Engine::Nccl(nccl) => nccl.reduce(None, device_mut(buf)?, op, root),
-        }
+        self.collective(Call::new(Collective::Reduce).op(op).root(root), None, buf)
     }
 
     /// Only the root's `recv` is written.
@@ -365,25 +407,14 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        let _range = crate::profile::range(|| format!("reduce_into {} x {}", T::DTYPE, recv.len()));
-        self.check_root(root, "reduce")?;
-        same_len("reduce", send, recv)?;
-        match &self.engine {
-            Engine::Cpu(cpu) => cpu.reduce_into(host(send)?, host_mut(recv)?, op, root),
-            Engine::Nccl(nccl) => nccl.reduce(Some(device(send)?), device_mut(recv)?, op, root),
-        }
+        let call = Call::new(Collective::Reduce).op(op).root(root);
+        self.collective(call, Some(send), recv)
     }
 
     /// In place: `buf` holds world_size equal blocks, this rank's data in block `rank`;
     /// afterwards every block holds its rank's data.
     pub fn all_gather<T: Element>(&self, buf: &mut Buffer<T>) -> Result<()> {
-        let _range = crate::profile::range(|| format!("all_gather {} x {}", T::DTYPE, buf.len()));
-        self.check_blocks("all_gather", buf.len())?;
-        let count = buf.len() / self.world_size;
-        match &self.engine {
-            Engine::Cpu(cpu) => cpu.all_gather(host_mut(buf)?),
-            Engine::Nccl(nccl) => nccl.all_gather(None, device_mut(buf)?, count),
-        }
+        self.collective(Call::new(Collective::AllGather), None, buf)
     }
 
     /// `recv` (world_size × send.len()) gets every rank's `send`, in rank order.
@@ -392,28 +423,13 @@ impl Communicator {
         send: &Buffer<T>,
         recv: &mut Buffer<T>,
     ) -> Result<()> {
-        let _range =
-            crate::profile::range(|| format!("all_gather_into {} x {}", T::DTYPE, recv.len()));
-        self.check_scaled("all_gather", "recv", recv.len(), "send", send.len())?;
-        match &self.engine {
-            Engine::Cpu(cpu) => cpu.all_gather_into(host(send)?, host_mut(recv)?),
-            Engine::Nccl(nccl) => {
-                nccl.all_gather(Some(device(send)?), device_mut(recv)?, send.len())
-            }
-        }
+        self.collective(Call::new(Collective::AllGather), Some(send), recv)
     }
 
     /// In place: `buf` holds world_size equal blocks; afterwards block `rank` holds the
     /// reduction of block `rank` over all ranks (other blocks hold partial sums).
     pub fn reduce_scatter<T: Element>(&self, buf: &mut Buffer<T>, op: ReduceOp) -> Result<()> {
-        let _range =
-            crate::profile::range(|| format!("reduce_scatter {} x {}", T::DTYPE, buf.len()));
-        self.check_blocks("reduce_scatter", buf.len())?;
-        let count = buf.len() / self.world_size;
-        match &self.engine {
-            Engine::Cpu(cpu) => cpu.reduce_scatter(host_mut(buf)?, op),
-            Engine::Nccl(nccl) => nccl.reduce_scatter(None, device_mut(buf)?, count, op),
-        }
+        self.collective(Call::new(Collective::ReduceScatter).op(op), None, buf)
     }
 
     /// `send` (world_size × recv.len()) is reduced over ranks; block `rank` lands in `recv`.
@@ -423,36 +439,11 @@ impl Communicator {
         recv: &mut Buffer<T>,
         op: ReduceOp,
     ) -> Result<()> {
-        let _range =
-            crate::profile::range(|| format!("reduce_scatter_into {} x {}", T::DTYPE, send.len()));
-        self.check_scaled("reduce_scatter", "send", send.len(), "recv", recv.len())?;
-        match &self.engine {
-            Engine::Cpu(cpu) => cpu.reduce_scatter_into(host(send)?, host_mut(recv)?, op),
-            Engine::Nccl(nccl) => {
-                let count = recv.len();
-                nccl.reduce_scatter(Some(device(send)?), device_mut(recv)?, count, op)
-            }
-        }
-    }
-
-    /// Sends `buf` to `peer`, which must call `recv` with a buffer of the same length.
-    pub fn send<T: Element>(&self, buf: &Buffer<T>, peer: usize) -> Result<()> {
-        let _range = crate::profile::range(|| format!("send {} x {}", T::DTYPE, buf.len()));
-        self.check_peer(peer, "send")?;
-        match &self.engine {
-            Engine::Cpu(cpu) => cpu.send(host(buf)?, peer),
-            Engine::Nccl(nccl) => nccl.send(device(buf)?, peer),
-        }
-    }
-
-    /// Receives into `buf` what `peer` sends with [`send`](Self::send); the lengths must match.
-    pub fn recv<T: Element>(&self, buf: &mut Buffer<T>, peer: usize) -> Result<()> {
-        let _range = crate::profile::range(|| format!("recv {} x {}", T::DTYPE, buf.len()));
-        self.check_peer(peer, "recv")?;
-        match &self.engine {
-            Engine::Cpu(cpu) => cpu.recv(host_mut(buf)?, peer),
-            Engine::Nccl(nccl) => nccl.recv(device_mut(buf)?, peer),
-        }
+        self.collective(
+            Call::new(Collective::ReduceScatter).op(op),
+            Some(send),
+            recv,
+        )
     }
 
     /// Sends `send` to `to` while receiving `recv` from `from`, both at once: the ring step, and
@@ -465,28 +456,38 @@ impl Communicator {
         recv: &mut Buffer<T>,
         from: usize,
     ) -> Result<()> {
-        let _range = crate::profile::range(|| format!("send_recv {} x {}", T::DTYPE, send.len()));
-        self.check_peer(to, "send_recv")?;
-        self.check_peer(from, "send_recv")?;
-        match &self.engine {
-            Engine::Cpu(cpu) => cpu.send_recv(host(send)?, to, host_mut(recv)?, from),
-            Engine::Nccl(nccl) => nccl.send_recv(device(send)?, to, device_mut(recv)?, from),
-        }
+        self.collective(
+            Call::new(Collective::SendRecv).peers(to, from),
+            Some(send),
+            recv,
+        )
     }
 
     /// `send` and `recv` hold world_size blocks each: block `j` of this rank's `send` lands in
     /// block `rank` of rank `j`'s `recv` (NCCL: one group of ncclSend/ncclRecv, as nccl-tests'
     /// alltoall; CPU: a pairwise exchange). Out of place only.
     pub fn all_to_all<T: Element>(&self, send: &Buffer<T>, recv: &mut Buffer<T>) -> Result<()> {
-        let _range = crate::profile::range(|| format!("all_to_all {} x {}", T::DTYPE, send.len()));
-        self.check_blocks("all_to_all", send.len())?;
-        same_len("all_to_all", send, recv)?;
-        let count = send.len() / self.world_size;
+        self.collective(Call::new(Collective::AllToAll), Some(send), recv)
+    }
+
+    /// Sends `buf` to `peer`, which must call `recv` with a buffer of the same length: one
+    /// message, not a collective.
+    pub fn send<T: Element>(&self, buf: &Buffer<T>, peer: usize) -> Result<()> {
+        let _range = crate::profile::range(|| format!("send {} x {}", T::DTYPE, buf.len()));
+        self.check_peer(peer, "send")?;
         match &self.engine {
-            Engine::Cpu(cpu) => cpu.all_to_all(host(send)?, host_mut(recv)?),
-            Engine::Nccl(nccl) => {
-                nccl.all_to_all(device(send)?, device_mut(recv)?, count, self.world_size)
-            }
+            Engine::Cpu(t) => t.send(peer, bytemuck::cast_slice(host(buf)?)),
+            Engine::Nccl(nccl) => nccl.send(device(buf)?, peer),
+        }
+    }
+
+    /// Receives into `buf` what `peer` sends with [`send`](Self::send); the lengths must match.
+    pub fn recv<T: Element>(&self, buf: &mut Buffer<T>, peer: usize) -> Result<()> {
+        let _range = crate::profile::range(|| format!("recv {} x {}", T::DTYPE, buf.len()));
+        self.check_peer(peer, "recv")?;
+        match &self.engine {
+            Engine::Cpu(t) => t.recv(peer, bytemuck::cast_slice_mut(host_mut(buf)?)),
+            Engine::Nccl(nccl) => nccl.recv(device_mut(buf)?, peer),
         }
     }
 
@@ -519,16 +520,6 @@ impl Communicator {
         Ok(())
     }
 
-    fn check_root(&self, root: usize, what: &str) -> Result<()> {
-        if root >= self.world_size {
-            return Err(CommError::Usage(format!(
-                "{what}: root {root} is not a rank (world size {})",
-                self.world_size
-            )));
-        }
-        Ok(())
-    }
-
     fn check_peer(&self, peer: usize, what: &str) -> Result<()> {
         if peer >= self.world_size || peer == self.rank {
             return Err(CommError::Usage(format!(
@@ -538,42 +529,4 @@ impl Communicator {
         }
         Ok(())
     }
-
-    fn check_blocks(&self, what: &str, len: usize) -> Result<()> {
-        if !len.is_multiple_of(self.world_size) {
-            return Err(CommError::Usage(format!(
-                "{what}: a buffer of {len} elements does not split into {} equal blocks",
-                self.world_size
-            )));
-        }
-        Ok(())
-    }
-
-    fn check_scaled(
-        &self,
-        what: &str,
-        big: &str,
-        big_len: usize,
-        small: &str,
-        small_len: usize,
-    ) -> Result<()> {
-        if big_len != small_len * self.world_size {
-            return Err(CommError::Usage(format!(
-                "{what}: {big} has {big_len} elements but must have world size × {small} = {} × {small_len}",
-                self.world_size
-            )));
-        }
-        Ok(())
-    }
-}
-
-fn same_len<T: Element>(what: &str, send: &Buffer<T>, recv: &Buffer<T>) -> Result<()> {
-    if send.len() != recv.len() {
-        return Err(CommError::Usage(format!(
-            "{what}: send has {} elements but recv has {}",
-            send.len(),
-            recv.len()
-        )));
-    }
-    Ok(())
 }

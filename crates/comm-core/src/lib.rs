@@ -32,7 +32,7 @@ pub mod timing;
 pub mod topology;
 
 pub use backend::{BackendChoice, BackendKind, Device};
-pub use collective::Collective;
+pub use collective::{Call, Collective};
 pub use comm::{Buffer, Communicator};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{CommError, Result};

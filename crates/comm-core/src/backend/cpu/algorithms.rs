@@ -21,6 +21,7 @@ use std::ops::Range;
 use bytemuck::{cast_slice, cast_slice_mut};
 
 use super::transport::{CallScope, Transport, PIECE_BYTES};
+use crate::collective::{Call, Checked, Collective};
 use crate::dtype::{self, finish, reduce_pair, Element, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::streaming::{copy, Stores};
@@ -65,6 +66,35 @@ fn relative(rank: usize, root: usize, n: usize) -> usize {
 }
 fn absolute(vrank: usize, root: usize, n: usize) -> usize {
     (vrank + root) % n
+}
+
+/// Runs one checked call of the collective table on this rank's host slices (`send` `None`: in
+/// place, `recv` is the one buffer): the CPU backend's one dispatch.
+pub fn run<T: Element>(
+    t: &dyn Transport,
+    checked: &Checked,
+    send: Option<&[T]>,
+    recv: &mut [T],
+) -> Result<()> {
+    let Call { op, root, .. } = checked.call;
+    match (checked.call.collective, send) {
+        (Collective::AllReduce, None) => all_reduce(t, recv, op),
+        (Collective::AllReduce, Some(send)) => all_reduce_into(t, send, recv, op),
+        (Collective::AllGather, None) => all_gather(t, recv),
+        (Collective::AllGather, Some(send)) => all_gather_into(t, send, recv),
+        (Collective::ReduceScatter, None) => reduce_scatter(t, recv, op),
+        (Collective::ReduceScatter, Some(send)) => reduce_scatter_into(t, send, recv, op),
+        (Collective::Broadcast, None) => broadcast(t, recv, root),
+        (Collective::Broadcast, Some(send)) => broadcast_into(t, send, recv, root),
+        (Collective::Reduce, None) => reduce(t, recv, op, root),
+        (Collective::Reduce, Some(send)) => reduce_into(t, send, recv, op, root),
+        (Collective::SendRecv, Some(send)) => {
+            let (to, from) = checked.call.exchange_peers(t.rank(), t.world_size());
+            t.send_recv(to, cast_slice(send), from, cast_slice_mut(recv))
+        }
+        (Collective::AllToAll, Some(send)) => all_to_all(t, send, recv),
+        (c, None) => Err(CommError::Usage(format!("{c} has no in-place form"))),
+    }
 }
 
 /// Copies the root's `buf` to every rank: a binomial tree for small messages, a pipelined

@@ -13,13 +13,15 @@
 //!
 //! The rooms, one concept each: `probe` (can NCCL run here?), `id` (the unique Id), `errors`
 //! (NCCL's and CUDA's errors as ours), `watchdog` (waiting without hanging), `init` (the
-//! communicator comes up), `calls` (the collectives, [`NcclBackend`], and its end), `batch` (when
+//! communicator comes up), `calls` ([`NcclBackend`]: how a call is enqueued and waited for, and the communicator's end),
+//! `collectives` (which NCCL function each call of the collective table is), `batch` (when
 //! calls are waited for), `group_safe` (no buffer freed inside an open group), `events` (marks on
 //! the stream that time its work), `device` (which GPU a rank uses, and that no two ranks share
 //! one) and [`library`] (finding libnccl).
 
 mod batch;
 mod calls;
+mod collectives;
 mod device;
 mod errors;
 mod events;
