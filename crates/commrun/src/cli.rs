@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::error::LaunchError;
 use crate::logs::{parse_rank_filter, parse_std_spec, RankFilter, StdSpec};
 
 #[derive(Debug, Parser)]
@@ -142,31 +143,31 @@ pub enum Nproc {
     Auto,
 }
 
-fn parse_nproc(value: &str) -> Result<Nproc, String> {
+fn parse_nproc(value: &str) -> Result<Nproc, LaunchError> {
     match value {
         "gpu" => Ok(Nproc::Gpu),
         "cpu" => Ok(Nproc::Cpu),
         "auto" => Ok(Nproc::Auto),
         _ => match value.parse::<usize>() {
-            Ok(0) => Err("start at least one worker".into()),
+            Ok(0) => Err(LaunchError::NoWorkers),
             Ok(n) => Ok(Nproc::Count(n)),
-            Err(_) => Err("give a number of workers, or gpu, cpu or auto".into()),
+            Err(_) => Err(LaunchError::NotAWorkerCount),
         },
     }
 }
 
-fn parse_restarts(value: &str) -> Result<u32, String> {
+fn parse_restarts(value: &str) -> Result<u32, LaunchError> {
     value
         .trim()
         .parse()
-        .map_err(|_| "give a number of restarts, 0 or more".into())
+        .map_err(|_| LaunchError::NotARestartCount)
 }
 
-fn parse_nnodes(value: &str) -> Result<usize, String> {
+fn parse_nnodes(value: &str) -> Result<usize, LaunchError> {
     let number = |s: &str| match s.trim().parse::<usize>() {
-        Ok(0) => Err("a job needs at least one node".to_string()),
+        Ok(0) => Err(LaunchError::NoNodes),
         Ok(n) => Ok(n),
-        Err(_) => Err("give a number of nodes".to_string()),
+        Err(_) => Err(LaunchError::NotANodeCount),
     };
     match value.split_once(':') {
         None => number(value),
@@ -175,9 +176,7 @@ fn parse_nnodes(value: &str) -> Result<usize, String> {
             if min == max {
                 Ok(min)
             } else {
-                Err(format!(
-                    "elastic ranges ({min} to {max} nodes) are not supported: give one number"
-                ))
+                Err(LaunchError::ElasticNodes { min, max })
             }
         }
     }

@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 
 use comm_core::spawn::{RankOutput, Route};
 
+use crate::error::LaunchError;
+
 /// Streams of a worker as torchrun numbers them: 0 none, 1 stdout, 2 stderr, 3 both.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Std(u8);
@@ -64,30 +66,28 @@ impl StdSpec {
 }
 
 /// `--redirects` and `--tee`: `0`-`3`, or `LOCAL_RANK:0-3,…`.
-pub fn parse_std_spec(value: &str) -> Result<StdSpec, String> {
-    let std = |v: &str| match v.trim() {
+pub fn parse_std_spec(value: &str) -> Result<StdSpec, LaunchError> {
+    let std = |v: &str, local_rank| match v.trim() {
         "0" => Ok(Std(0)),
         "1" => Ok(Std(1)),
         "2" => Ok(Std(2)),
         "3" => Ok(Std(3)),
-        other => Err(format!(
-            "{other:?} is not 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"
-        )),
+        other => Err(LaunchError::NotStreams {
+            value: other.into(),
+            local_rank,
+        }),
     };
     if !value.contains(':') {
-        return std(value)
-            .map(StdSpec::All)
-            .map_err(|e| format!("{e}, nor LOCAL_RANK:VALUE pairs such as 0:3,1:2"));
+        return std(value, None).map(StdSpec::All);
     }
     let mut map = BTreeMap::new();
     for pair in value.split(',') {
         let (rank, v) = pair
             .split_once(':')
-            .ok_or_else(|| format!("{pair:?} is not LOCAL_RANK:VALUE (such as 0:3)"))?;
+            .ok_or_else(|| LaunchError::NotARankPair(pair.into()))?;
         let rank = local_rank(rank)?;
-        let std = std(v).map_err(|e| format!("local rank {rank}: {e}"))?;
-        if map.insert(rank, std).is_some() {
-            return Err(format!("local rank {rank} is given twice"));
+        if map.insert(rank, std(v, Some(rank))?).is_some() {
+            return Err(LaunchError::RankGivenTwice(rank));
         }
     }
     Ok(StdSpec::PerRank(map))
@@ -98,18 +98,18 @@ pub fn parse_std_spec(value: &str) -> Result<StdSpec, String> {
 pub struct RankFilter(BTreeSet<usize>);
 
 /// `0` or `0,2`.
-pub fn parse_rank_filter(value: &str) -> Result<RankFilter, String> {
+pub fn parse_rank_filter(value: &str) -> Result<RankFilter, LaunchError> {
     let ranks = value
         .split(',')
         .map(local_rank)
-        .collect::<Result<BTreeSet<usize>, String>>()?;
+        .collect::<Result<BTreeSet<usize>, LaunchError>>()?;
     Ok(RankFilter(ranks))
 }
 
-fn local_rank(text: &str) -> Result<usize, String> {
+fn local_rank(text: &str) -> Result<usize, LaunchError> {
     text.trim()
         .parse()
-        .map_err(|_| format!("{text:?} is not a local rank (0, 1, …)"))
+        .map_err(|_| LaunchError::NotALocalRank(text.into()))
 }
 
 /// The output choices of the command line.
@@ -123,7 +123,7 @@ pub struct OutputPlan {
 
 impl OutputPlan {
     /// Refuses a local rank that this node does not have, named in a per-rank value.
-    pub fn check(&self, nproc: usize) -> Result<(), String> {
+    pub fn check(&self, nproc: usize) -> Result<(), LaunchError> {
         let named = [
             ("--redirects", self.redirects.ranks()),
             ("--tee", self.tee.ranks()),
@@ -134,10 +134,7 @@ impl OutputPlan {
         ];
         for (flag, ranks) in named {
             if let Some(rank) = ranks.into_iter().find(|&r| r >= nproc) {
-                return Err(format!(
-                    "{flag} names local rank {rank}, but this node runs local ranks 0 to {}",
-                    nproc - 1
-                ));
+                return Err(LaunchError::NoSuchLocalRank { flag, rank, nproc });
             }
         }
         Ok(())
@@ -186,7 +183,7 @@ impl RunLogs {
         output: &OutputPlan,
         nproc: usize,
         run_id: Option<&str>,
-    ) -> Result<RunLogs, String> {
+    ) -> Result<RunLogs, LaunchError> {
         let mut logs = RunLogs {
             output: output.clone(),
             nproc,
@@ -204,11 +201,17 @@ impl RunLogs {
         }
         let root = match &output.log_dir {
             Some(dir) => log_dir(dir)?,
-            None => fresh_dir(&std::env::temp_dir(), "commrun_")
-                .map_err(|e| format!("cannot make a log directory in the temporary folder: {e}"))?,
+            None => {
+                fresh_dir(&std::env::temp_dir(), "commrun_").map_err(LaunchError::MakeTempLogDir)?
+            }
         };
-        let run_dir = fresh_dir(&root, &format!("{}_", run_dir_name(run_id)))
-            .map_err(|e| format!("--log-dir {}: {e}", root.display()))?;
+        let run_dir =
+            fresh_dir(&root, &format!("{}_", run_dir_name(run_id))).map_err(|source| {
+                LaunchError::MakeRunDir {
+                    path: root.clone(),
+                    source,
+                }
+            })?;
         let given = match output.log_dir {
             Some(_) => "",
             None => " (no --log-dir given: a new directory)",
@@ -222,7 +225,7 @@ impl RunLogs {
     }
 
     /// The outputs of the local ranks for start `attempt` (0 the first), making its folders.
-    pub fn attempt(&self, attempt: u32) -> Result<Vec<RankOutput>, String> {
+    pub fn attempt(&self, attempt: u32) -> Result<Vec<RankOutput>, LaunchError> {
         let Some(run_dir) = &self.run_dir else {
             return Ok((0..self.nproc)
                 .map(|r| self.output.rank_output(r, Path::new("")))
@@ -234,8 +237,12 @@ impl RunLogs {
             let rank_dir = attempt_dir.join(local_rank.to_string());
             let output = self.output.rank_output(local_rank, &rank_dir);
             if output.stdout.file.is_some() || output.stderr.file.is_some() {
-                std::fs::create_dir_all(&rank_dir)
-                    .map_err(|e| format!("cannot make log folder {}: {e}", rank_dir.display()))?;
+                std::fs::create_dir_all(&rank_dir).map_err(|source| {
+                    LaunchError::MakeRankLogDir {
+                        path: rank_dir.clone(),
+                        source,
+                    }
+                })?;
             }
             outputs.push(output);
         }
@@ -244,15 +251,14 @@ impl RunLogs {
 }
 
 /// `--log-dir`, made if it does not exist.
-fn log_dir(dir: &Path) -> Result<PathBuf, String> {
+fn log_dir(dir: &Path) -> Result<PathBuf, LaunchError> {
     if dir.is_file() {
-        return Err(format!(
-            "--log-dir {} is a file, not a directory",
-            dir.display()
-        ));
+        return Err(LaunchError::LogDirIsFile(dir.to_path_buf()));
     }
-    std::fs::create_dir_all(dir)
-        .map_err(|e| format!("--log-dir {}: cannot make it: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|source| LaunchError::MakeLogDir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
     Ok(dir.to_path_buf())
 }
 
@@ -331,24 +337,32 @@ mod tests {
             (per_rank.of(0), per_rank.of(1), per_rank.of(2)),
             (Std(1), Std(2), Std(0))
         );
-        assert!(parse_std_spec("7")
-            .unwrap_err()
-            .contains("\"7\" is not 0 (none), 1"));
-        assert!(parse_std_spec("0:9")
-            .unwrap_err()
-            .contains("\"9\" is not 0"));
-        assert!(parse_std_spec("x:1")
-            .unwrap_err()
-            .contains("not a local rank"));
-        assert!(parse_std_spec("0:1,0:2")
-            .unwrap_err()
-            .contains("given twice"));
-        assert!(parse_std_spec("0:1,2")
-            .unwrap_err()
-            .contains("not LOCAL_RANK:VALUE"));
+        let message = |value: &str| parse_std_spec(value).unwrap_err().to_string();
+        assert_eq!(
+            message("7"),
+            "\"7\" is not 0 (none), 1 (stdout), 2 (stderr) or 3 (both), nor LOCAL_RANK:VALUE \
+             pairs such as 0:3,1:2"
+        );
+        assert_eq!(
+            message("0:9"),
+            "local rank 0: \"9\" is not 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"
+        );
+        assert!(matches!(
+            parse_std_spec("x:1"),
+            Err(LaunchError::NotALocalRank(text)) if text == "x"
+        ));
+        assert!(matches!(
+            parse_std_spec("0:1,0:2"),
+            Err(LaunchError::RankGivenTwice(0))
+        ));
+        assert_eq!(
+            message("0:1,2"),
+            "\"2\" is not LOCAL_RANK:VALUE (such as 0:3)"
+        );
         assert_eq!(parse_rank_filter("0, 2").unwrap().0, BTreeSet::from([0, 2]));
         assert!(parse_rank_filter("0,")
             .unwrap_err()
+            .to_string()
             .contains("not a local rank"));
     }
 
@@ -390,10 +404,13 @@ mod tests {
         assert!(plan("0:3,1:3", "0", None).check(2).is_ok());
         let e = plan("0", "3:1", None).check(2).unwrap_err();
         assert_eq!(
-            e,
+            e.to_string(),
             "--tee names local rank 3, but this node runs local ranks 0 to 1"
         );
-        let e = plan("0", "0", Some("0,4")).check(4).unwrap_err();
+        let e = plan("0", "0", Some("0,4"))
+            .check(4)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("--local-ranks-filter names local rank 4"),
             "{e}"

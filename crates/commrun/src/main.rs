@@ -10,6 +10,7 @@
 //! and the root-cause summary.
 
 mod cli;
+mod error;
 mod logs;
 mod plan;
 mod restart;
@@ -27,15 +28,17 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let code = match launch(&cli) {
         Ok(code) => code,
-        Err(message) => {
-            eprintln!("commrun: error: {message}");
+        Err(e) => {
+            eprintln!("commrun: error: {e}");
             2
         }
     };
     ExitCode::from(code.clamp(0, 255) as u8)
 }
 
-fn launch(cli: &cli::Cli) -> Result<i32, String> {
+/// Plans the run, refusing what cannot work, then starts the workers (again, on failure, while
+/// --max-restarts allows). Returns the exit code; an error is commrun's own, exit code 2.
+fn launch(cli: &cli::Cli) -> Result<i32, error::LaunchError> {
     let machine = plan::Machine::probe()?;
     let resolved = plan::resolve(cli, &machine)?;
     let plan = &resolved.plan;

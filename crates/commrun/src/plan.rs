@@ -10,6 +10,7 @@ use comm_core::spawn::SpawnPlan;
 use comm_core::topology::{Launcher, Topology, DEFAULT_MASTER_PORT};
 
 use crate::cli::{Cli, Nproc};
+use crate::error::LaunchError;
 use crate::logs::OutputPlan;
 
 /// torchrun's port when `--rdzv-endpoint` names only a host.
@@ -23,21 +24,21 @@ pub struct Machine {
     /// The srun task this commrun is, if it is one.
     pub slurm: Option<Topology>,
     /// A free port, for `--standalone`.
-    pub free_port: fn() -> Result<u16, String>,
+    pub free_port: fn() -> comm_core::Result<u16>,
 }
 
 impl Machine {
-    pub fn probe() -> Result<Machine, String> {
+    pub fn probe() -> Result<Machine, LaunchError> {
         let slurm = match Topology::from_env() {
             Ok(Some(t)) if t.launcher == Launcher::Slurm => Some(t),
             Ok(_) => None,
-            Err(e) => return Err(format!("{e} (commrun under srun reads SLURM_* variables)")),
+            Err(e) => return Err(LaunchError::Slurm(e)),
         };
         Ok(Machine {
             gpus: gpu_count(),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             slurm,
-            free_port: || comm_core::spawn::free_port().map_err(|e| e.to_string()),
+            free_port: comm_core::spawn::free_port,
         })
     }
 }
@@ -76,15 +77,12 @@ impl Resolved {
     }
 }
 
-pub fn resolve(cli: &Cli, machine: &Machine) -> Result<Resolved, String> {
+pub fn resolve(cli: &Cli, machine: &Machine) -> Result<Resolved, LaunchError> {
     let nproc = nproc_per_node(cli, machine)?;
     let grace = shutdown_grace(cli)?;
     if let Some(backend) = &cli.rdzv_backend {
         if backend != "c10d" && backend != "static" {
-            return Err(format!(
-                "--rdzv-backend {backend}: commrun's rendezvous is the store rank 0 serves \
-                 (torchrun's c10d or static); drop the flag or give one of those"
-            ));
+            return Err(LaunchError::RdzvBackend(backend.clone()));
         }
     }
     // The srun task's place, unless the flags say otherwise (or --standalone asks for none).
@@ -96,12 +94,9 @@ pub fn resolve(cli: &Cli, machine: &Machine) -> Result<Resolved, String> {
     } else {
         "--nproc-per-node"
     };
-    comm_core::spawn::check_ranks(flag, nproc, nnodes).map_err(|e| e.to_string())?;
+    comm_core::spawn::check_ranks(flag, nproc, nnodes)?;
     if node_rank >= nnodes {
-        return Err(format!(
-            "--node-rank {node_rank} but --nnodes {nnodes}: node ranks go from 0 to {}",
-            nnodes - 1
-        ));
+        return Err(LaunchError::NodeRankOutOfRange { node_rank, nnodes });
     }
     check_restarts(cli.max_restarts, nnodes)?;
     let output = OutputPlan {
@@ -136,17 +131,11 @@ pub fn resolve(cli: &Cli, machine: &Machine) -> Result<Resolved, String> {
 }
 
 /// Ranks on this node: `--nproc-per-node` as a number, or read off the machine.
-fn nproc_per_node(cli: &Cli, machine: &Machine) -> Result<usize, String> {
+fn nproc_per_node(cli: &Cli, machine: &Machine) -> Result<usize, LaunchError> {
     Ok(match cli.nproc_per_node {
         Nproc::Count(n) => n,
         Nproc::Cpu => machine.cpus,
-        Nproc::Gpu if machine.gpus == 0 => {
-            return Err(
-                "--nproc-per-node gpu: this machine shows no GPU (no CUDA_VISIBLE_DEVICES, \
-                        nothing in /proc/driver/nvidia/gpus); give a number"
-                    .into(),
-            )
-        }
+        Nproc::Gpu if machine.gpus == 0 => return Err(LaunchError::NoGpu),
         Nproc::Gpu => machine.gpus,
         Nproc::Auto if machine.gpus > 0 => machine.gpus,
         Nproc::Auto => machine.cpus,
@@ -154,45 +143,30 @@ fn nproc_per_node(cli: &Cli, machine: &Machine) -> Result<usize, String> {
 }
 
 /// `--shutdown-timeout` as a duration.
-fn shutdown_grace(cli: &Cli) -> Result<Duration, String> {
-    Duration::try_from_secs_f64(cli.shutdown_timeout).map_err(|_| {
-        format!(
-            "--shutdown-timeout {}: give a number of seconds, 0 or more",
-            cli.shutdown_timeout
-        )
-    })
+fn shutdown_grace(cli: &Cli) -> Result<Duration, LaunchError> {
+    Duration::try_from_secs_f64(cli.shutdown_timeout)
+        .map_err(|_| LaunchError::ShutdownTimeout(cli.shutdown_timeout))
 }
 
 /// How many nodes, and which one this is: from the flags, or the srun task's place.
-fn node_place(cli: &Cli, slurm: Option<&Topology>) -> Result<(usize, usize), String> {
+fn node_place(cli: &Cli, slurm: Option<&Topology>) -> Result<(usize, usize), LaunchError> {
     if let Some(task) = slurm {
         if task.local_world_size != 1 && cli.nnodes.is_none() && cli.node_rank.is_none() {
-            return Err(format!(
-                "under srun commrun runs once per node, but this step has {} tasks on node {} \
-                 (SLURM_NTASKS_PER_NODE): start it with \
-                 srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES commrun ...",
-                task.local_world_size, task.node_rank
-            ));
+            return Err(LaunchError::TasksPerNode {
+                tasks: task.local_world_size,
+                node: task.node_rank,
+            });
         }
     }
     let nnodes = cli.nnodes.or(slurm.map(|t| t.world_size)).unwrap_or(1);
     if cli.standalone && nnodes > 1 {
-        return Err(format!(
-            "--standalone is one node on this machine, but --nnodes {nnodes}: \
-             give --master-addr (and --node-rank) instead"
-        ));
+        return Err(LaunchError::StandaloneNodes(nnodes));
     }
     let node_rank = match (cli.node_rank, slurm) {
         (Some(r), _) => r,
         (None, Some(task)) => task.rank,
         (None, None) if nnodes == 1 => 0,
-        (None, None) => {
-            return Err(format!(
-            "--nnodes {nnodes} needs --node-rank on every node (0 on the node that runs rank 0, \
-                 then 1 to {}): two nodes that both think they are node 0 fail in confusing ways",
-            nnodes - 1
-        ))
-        }
+        (None, None) => return Err(LaunchError::NodeRankNeeded { nnodes }),
     };
     Ok((nnodes, node_rank))
 }
@@ -204,7 +178,7 @@ fn master(
     machine: &Machine,
     slurm: Option<&Topology>,
     nnodes: usize,
-) -> Result<(String, u16), String> {
+) -> Result<(String, u16), LaunchError> {
     let endpoint = cli
         .rdzv_endpoint
         .as_deref()
@@ -219,16 +193,10 @@ fn master(
             .or_else(|| endpoint.as_ref().map(|e| e.0.clone()))
             .or_else(|| slurm.map(|t| t.master_addr.clone()));
         let addr = match addr {
-            Some(a) if a.trim().is_empty() => return Err("--master-addr is empty".into()),
+            Some(a) if a.trim().is_empty() => return Err(LaunchError::EmptyMasterAddr),
             Some(a) => a.trim().to_string(),
             None if nnodes == 1 => "127.0.0.1".to_string(),
-            None => {
-                return Err(format!(
-                    "--nnodes {nnodes} needs the address of node 0 on every node: \
-                     --master-addr HOST (or --rdzv-endpoint HOST:PORT); under Slurm that is the \
-                     first host of $SLURM_JOB_NODELIST"
-                ))
-            }
+            None => return Err(LaunchError::MasterAddrNeeded { nnodes }),
         };
         let port = cli
             .master_port
@@ -253,33 +221,28 @@ fn run_id(cli: &Cli, slurm: Option<&Topology>, nnodes: usize) -> Option<String> 
 
 /// Restarting a worker group on one node of several would need every node's commrun to stop
 /// and restart together, and they have no way to agree: refused.
-fn check_restarts(max_restarts: u32, nnodes: usize) -> Result<(), String> {
+fn check_restarts(max_restarts: u32, nnodes: usize) -> Result<(), LaunchError> {
     if max_restarts > 0 && nnodes > 1 {
-        return Err(format!(
-            "--max-restarts {max_restarts} with {nnodes} nodes: commrun restarts the workers of \
-             one node only, and the commruns of several nodes cannot agree to restart together; \
-             drop --max-restarts (or run on one node), and restart the whole job instead \
-             (e.g. a loop around srun, or sbatch --requeue)"
-        ));
+        return Err(LaunchError::RestartsOnNodes {
+            max_restarts,
+            nnodes,
+        });
     }
     Ok(())
 }
 
 /// On node 0, rank 0 will serve the store at `port`: refuse now if something holds it.
-pub fn check_port_free(port: u16) -> Result<(), String> {
+pub fn check_port_free(port: u16) -> Result<(), LaunchError> {
     match std::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, port)) {
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(format!(
-            "port {port} is already in use on this host (another job, or a leftover worker?): \
-             rank 0 serves the rendezvous store there; pick another with --master-port"
-        )),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(LaunchError::PortInUse(port)),
         // Anything else (no permission for a low port, …) is for rank 0 to report.
         _ => Ok(()),
     }
 }
 
 /// `host`, `host:port` or `[v6]:port`.
-fn parse_endpoint(endpoint: &str) -> Result<(String, u16), String> {
-    let bad = || format!("--rdzv-endpoint {endpoint:?}: give HOST or HOST:PORT");
+fn parse_endpoint(endpoint: &str) -> Result<(String, u16), LaunchError> {
+    let bad = || LaunchError::BadEndpoint(endpoint.into());
     let (host, port) = if let Some(rest) = endpoint.strip_prefix('[') {
         let (host, rest) = rest.split_once(']').ok_or_else(bad)?;
         match rest {
@@ -300,9 +263,10 @@ fn parse_endpoint(endpoint: &str) -> Result<(String, u16), String> {
         Some(p) => match p.parse::<u16>() {
             Ok(p) if p > 0 => p,
             _ => {
-                return Err(format!(
-                    "--rdzv-endpoint {endpoint:?}: {p:?} is not a port (1-65535)"
-                ))
+                return Err(LaunchError::BadEndpointPort {
+                    endpoint: endpoint.into(),
+                    port: p.into(),
+                })
             }
         },
     };
@@ -310,22 +274,23 @@ fn parse_endpoint(endpoint: &str) -> Result<(String, u16), String> {
 }
 
 /// The program as a path, checked now so a typo is one clear line, not one error per worker.
-fn find_program(program: &OsString) -> Result<PathBuf, String> {
+fn find_program(program: &OsString) -> Result<PathBuf, LaunchError> {
     let path = Path::new(program);
-    let shown = path.display();
     if program.is_empty() {
-        return Err("no program given".into());
+        return Err(LaunchError::NoProgram);
     }
-    let check = |p: &Path| -> Result<(), String> {
-        let meta = std::fs::metadata(p).map_err(|e| format!("program {shown}: {e}"))?;
+    // Errors name the program as given (`prog`), not the PATH entry that was tried.
+    let check = |p: &Path| -> Result<(), LaunchError> {
+        let meta = std::fs::metadata(p).map_err(|source| LaunchError::ProgramUnreadable {
+            path: path.to_path_buf(),
+            source,
+        })?;
         if meta.is_dir() {
-            return Err(format!("program {shown} is a directory"));
+            return Err(LaunchError::ProgramIsDirectory(path.to_path_buf()));
         }
         use std::os::unix::fs::PermissionsExt;
         if meta.permissions().mode() & 0o111 == 0 {
-            return Err(format!(
-                "program {shown} is not executable (chmod +x it, or run it through its interpreter)"
-            ));
+            return Err(LaunchError::ProgramNotExecutable(path.to_path_buf()));
         }
         Ok(())
     };
@@ -340,9 +305,7 @@ fn find_program(program: &OsString) -> Result<PathBuf, String> {
             return Ok(path.to_path_buf());
         }
     }
-    Err(format!(
-        "program {shown} not found on PATH (give a path such as ./{shown} or target/release/{shown})"
-    ))
+    Err(LaunchError::ProgramNotFound(path.to_path_buf()))
 }
 
 #[cfg(test)]
@@ -366,7 +329,7 @@ mod tests {
                 .chain(["sh", "-c", "true"]),
         )
         .map_err(|e| e.to_string())?;
-        resolve(&cli, machine)
+        resolve(&cli, machine).map_err(|e| e.to_string())
     }
 
     fn plan(args: &[&str]) -> SpawnPlan {
@@ -505,15 +468,22 @@ mod tests {
 
     #[test]
     fn programs_are_checked_before_anything_starts() {
-        let e = find_program(&"no-such-program-here".into()).unwrap_err();
-        assert!(e.contains("not found on PATH"), "{e}");
-        let e = find_program(&"./no/such/file".into()).unwrap_err();
+        let error = |program: &str| find_program(&program.into()).unwrap_err().to_string();
+        let e = error("no-such-program-here");
+        assert_eq!(
+            e,
+            "program no-such-program-here not found on PATH (give a path such as \
+             ./no-such-program-here or target/release/no-such-program-here)"
+        );
+        let e = error("./no/such/file");
         assert!(e.contains("No such file"), "{e}");
-        let e = find_program(&"/".into()).unwrap_err();
+        let e = error("/");
         assert!(e.contains("is a directory"), "{e}");
         let plain = std::env::temp_dir().join(format!("commrun-plain-{}", std::process::id()));
         std::fs::write(&plain, "not a program").unwrap();
-        let e = find_program(&plain.clone().into_os_string()).unwrap_err();
+        let e = find_program(&plain.clone().into_os_string())
+            .unwrap_err()
+            .to_string();
         std::fs::remove_file(&plain).unwrap();
         assert!(e.contains("not executable"), "{e}");
         assert_eq!(find_program(&"sh".into()).unwrap(), Path::new("sh"));

@@ -7,6 +7,7 @@
 use comm_core::spawn::{self, Extras, Outcome, SpawnPlan};
 use comm_core::topology::RESTART_COUNT_VAR;
 
+use crate::error::LaunchError;
 use crate::logs::RunLogs;
 
 /// `--max-restarts`, as torchrun passes it to its workers.
@@ -14,7 +15,7 @@ pub const MAX_RESTARTS_VAR: &str = "TORCHELASTIC_MAX_RESTARTS";
 
 /// Starts the worker group, and again after each failure while restarts are left. Returns how
 /// the last start ended.
-pub fn run(plan: &SpawnPlan, max_restarts: u32, logs: &RunLogs) -> Result<Outcome, String> {
+pub fn run(plan: &SpawnPlan, max_restarts: u32, logs: &RunLogs) -> Result<Outcome, LaunchError> {
     let mut attempt = 0;
     loop {
         let extras = Extras {
@@ -24,7 +25,7 @@ pub fn run(plan: &SpawnPlan, max_restarts: u32, logs: &RunLogs) -> Result<Outcom
             ],
             outputs: logs.attempt(attempt)?,
         };
-        let outcome = spawn::run_with(plan, &extras).map_err(|e| e.to_string())?;
+        let outcome = spawn::run_with(plan, &extras)?;
         let Outcome::Failed(failure) = &outcome else {
             return Ok(outcome);
         };
