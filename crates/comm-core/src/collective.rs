@@ -34,6 +34,8 @@ pub enum Collective {
     SendRecv,
     /// Block `j` of rank `i`'s send buffer lands in block `i` of rank `j`'s receive buffer.
     AllToAll,
+    /// The root's receive buffer gets every rank's block, in rank order.
+    Gather,
 }
 
 /// How long one of a call's buffers is, in units of the call's `count`.
@@ -149,7 +151,7 @@ fn block(i: usize, count: usize) -> Range<usize> {
 
 impl Collective {
     /// Every collective, in the order tables list them.
-    pub const ALL: [Collective; 7] = [
+    pub const ALL: [Collective; 8] = [
         Collective::AllReduce,
         Collective::AllGather,
         Collective::ReduceScatter,
@@ -157,6 +159,7 @@ impl Collective {
         Collective::Reduce,
         Collective::SendRecv,
         Collective::AllToAll,
+        Collective::Gather,
     ];
 
     /// The table entry.
@@ -254,6 +257,25 @@ impl Collective {
                 ..base
             },
             // ANCHOR_END: alltoall
+            // NCCL has no gather: nccl-tests builds it from one group of sends to the root and,
+            // on the root, a receive from every rank. Every rank holds a receive buffer of n
+            // blocks, as nccl-tests allocates it; only the root's is written.
+            Collective::Gather => Description {
+                name: "gather",
+                title: "Gather",
+                bus_factor: all_but_own,
+                bus_rule: "(n-1)/n",
+                rooted: true,
+                recv: Span::WorldBlocks,
+                result: |p| match p.rank == p.root {
+                    true => {
+                        let each = |r| piece(block(r, p.count), Origin::Rank(r), 0);
+                        (0..p.world_size).map(each).collect()
+                    }
+                    false => vec![piece(0..p.world_size * p.count, Origin::Unchanged, 0)],
+                },
+                ..base
+            },
         }
     }
 
@@ -509,6 +531,7 @@ mod tests {
         assert_eq!(Collective::AllGather.bus_factor(4), 0.75);
         assert_eq!(Collective::ReduceScatter.bus_factor(8), 0.875);
         assert_eq!(Collective::AllToAll.bus_factor(4), 0.75);
+        assert_eq!(Collective::Gather.bus_factor(4), 0.75);
         assert_eq!(Collective::Broadcast.bus_factor(8), 1.0);
         assert_eq!(Collective::AllReduce.bus_factor(1), 0.0);
     }
@@ -531,7 +554,7 @@ mod tests {
             "all-to-all".parse::<Collective>().unwrap(),
             Collective::AllToAll
         );
-        assert!("gather"
+        assert!("gatherv"
             .parse::<Collective>()
             .unwrap_err()
             .contains("use one of"));

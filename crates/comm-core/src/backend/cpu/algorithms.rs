@@ -93,6 +93,7 @@ pub fn run<T: Element>(
             t.send_recv(to, cast_slice(send), from, cast_slice_mut(recv))
         }
         (Collective::AllToAll, Some(send)) => all_to_all(t, send, recv),
+        (Collective::Gather, send) => gather(t, send, recv, root),
         (c, None) => Err(CommError::Usage(format!("{c} has no in-place form"))),
     }
 }
@@ -651,6 +652,35 @@ pub fn all_to_all<T: Element>(t: &dyn Transport, send: &[T], recv: &mut [T]) -> 
     Ok(())
 }
 // ANCHOR_END: all_to_all
+
+// ANCHOR: gather
+/// The root's `recv` (n equal blocks) gets every rank's block in rank order: each rank sends its
+/// block to the root, which receives them one after another, as Gloo's gather does. In place
+/// (`send` `None`) a rank's block already sits at block `rank` of `recv`. Other ranks' `recv`
+/// is left as it was.
+pub fn gather<T: Element>(
+    t: &dyn Transport,
+    send: Option<&[T]>,
+    recv: &mut [T],
+    root: usize,
+) -> Result<()> {
+    let _call = CallScope::new(t);
+    let (n, rank) = (t.world_size(), t.rank());
+    let count = recv.len() / n;
+    let block = |i: usize| i * count..(i + 1) * count;
+    if rank != root {
+        let mine = send.unwrap_or(&recv[block(rank)]);
+        return t.send(root, cast_slice(mine));
+    }
+    if let Some(send) = send {
+        recv[block(rank)].copy_from_slice(send);
+    }
+    for from in (0..n).filter(|&r| r != root) {
+        t.recv(from, cast_slice_mut(&mut recv[block(from)]))?;
+    }
+    Ok(())
+}
+// ANCHOR_END: gather
 
 /// Dissemination barrier: in round k each rank signals rank+2^k and hears from rank-2^k.
 pub fn barrier(t: &dyn Transport) -> Result<()> {

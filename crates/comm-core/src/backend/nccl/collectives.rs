@@ -50,6 +50,7 @@ fn nccl_name(collective: Collective) -> &'static str {
         Collective::Reduce => "ncclReduce",
         Collective::SendRecv => "ncclSend/ncclRecv group",
         Collective::AllToAll => "ncclSend/ncclRecv alltoall group",
+        Collective::Gather => "ncclSend/ncclRecv gather group",
     }
 }
 
@@ -105,6 +106,19 @@ unsafe fn launch(checked: &Checked, a: &Args) -> Status {
             Ok(result::NcclStatus::Success)
         }),
         // ANCHOR_END: nccl_all_to_all
+        // ANCHOR: nccl_gather
+        // As nccl-tests' gather: every rank sends its block to the root, which receives block
+        // j from rank j (itself included), all in one group.
+        Collective::Gather => grouped(|| {
+            if checked.rank() == call.root {
+                for peer in 0..checked.world_size() {
+                    let at = peer as u64 * a.block_bytes;
+                    result::recv((r + at) as _, count, dtype, peer as i32, comm, stream)?;
+                }
+            }
+            result::send(s as _, count, dtype, root, comm, stream)
+        }),
+        // ANCHOR_END: nccl_gather
     }
 }
 
