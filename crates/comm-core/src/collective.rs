@@ -36,6 +36,8 @@ pub enum Collective {
     AllToAll,
     /// The root's receive buffer gets every rank's block, in rank order.
     Gather,
+    /// Block `rank` of the root's send buffer lands on rank `rank`.
+    Scatter,
 }
 
 /// How long one of a call's buffers is, in units of the call's `count`.
@@ -151,7 +153,7 @@ fn block(i: usize, count: usize) -> Range<usize> {
 
 impl Collective {
     /// Every collective, in the order tables list them.
-    pub const ALL: [Collective; 8] = [
+    pub const ALL: [Collective; 9] = [
         Collective::AllReduce,
         Collective::AllGather,
         Collective::ReduceScatter,
@@ -160,6 +162,7 @@ impl Collective {
         Collective::SendRecv,
         Collective::AllToAll,
         Collective::Gather,
+        Collective::Scatter,
     ];
 
     /// The table entry.
@@ -274,6 +277,17 @@ impl Collective {
                     }
                     false => vec![piece(0..p.world_size * p.count, Origin::Unchanged, 0)],
                 },
+                ..base
+            },
+            // Gather's mirror image, from nccl-tests too: the root sends block j to rank j.
+            Collective::Scatter => Description {
+                name: "scatter",
+                title: "Scatter",
+                bus_factor: all_but_own,
+                bus_rule: "(n-1)/n",
+                rooted: true,
+                send: Span::WorldBlocks,
+                result: |p| vec![piece(0..p.count, Origin::Rank(p.root), p.rank * p.count)],
                 ..base
             },
         }
@@ -532,6 +546,7 @@ mod tests {
         assert_eq!(Collective::ReduceScatter.bus_factor(8), 0.875);
         assert_eq!(Collective::AllToAll.bus_factor(4), 0.75);
         assert_eq!(Collective::Gather.bus_factor(4), 0.75);
+        assert_eq!(Collective::Scatter.bus_factor(8), 0.875);
         assert_eq!(Collective::Broadcast.bus_factor(8), 1.0);
         assert_eq!(Collective::AllReduce.bus_factor(1), 0.0);
     }

@@ -94,6 +94,7 @@ pub fn run<T: Element>(
         }
         (Collective::AllToAll, Some(send)) => all_to_all(t, send, recv),
         (Collective::Gather, send) => gather(t, send, recv, root),
+        (Collective::Scatter, send) => scatter(t, send, recv, root),
         (c, None) => Err(CommError::Usage(format!("{c} has no in-place form"))),
     }
 }
@@ -681,6 +682,39 @@ pub fn gather<T: Element>(
     Ok(())
 }
 // ANCHOR_END: gather
+
+/// Block `j` of the root's `send` (n equal blocks) lands in rank `j`'s `recv`: the root sends
+/// them one after another, as Gloo's scatter does. In place (`send` `None`) `recv` is n blocks,
+/// the root's input, and each rank's block lands at block `rank`.
+pub fn scatter<T: Element>(
+    t: &dyn Transport,
+    send: Option<&[T]>,
+    recv: &mut [T],
+    root: usize,
+) -> Result<()> {
+    let _call = CallScope::new(t);
+    let (n, rank) = (t.world_size(), t.rank());
+    let count = match send {
+        Some(_) => recv.len(),
+        None => recv.len() / n,
+    };
+    let block = |i: usize| i * count..(i + 1) * count;
+    if rank != root {
+        let mine = match send {
+            Some(_) => recv,
+            None => &mut recv[block(rank)],
+        };
+        return t.recv(root, cast_slice_mut(mine));
+    }
+    let blocks: &[T] = send.unwrap_or(recv);
+    for to in (0..n).filter(|&r| r != root) {
+        t.send(to, cast_slice(&blocks[block(to)]))?;
+    }
+    if let Some(send) = send {
+        recv.copy_from_slice(&send[block(rank)]);
+    }
+    Ok(())
+}
 
 /// Dissemination barrier: in round k each rank signals rank+2^k and hears from rank-2^k.
 pub fn barrier(t: &dyn Transport) -> Result<()> {

@@ -51,6 +51,7 @@ fn nccl_name(collective: Collective) -> &'static str {
         Collective::SendRecv => "ncclSend/ncclRecv group",
         Collective::AllToAll => "ncclSend/ncclRecv alltoall group",
         Collective::Gather => "ncclSend/ncclRecv gather group",
+        Collective::Scatter => "ncclSend/ncclRecv scatter group",
     }
 }
 
@@ -119,6 +120,17 @@ unsafe fn launch(checked: &Checked, a: &Args) -> Status {
             result::send(s as _, count, dtype, root, comm, stream)
         }),
         // ANCHOR_END: nccl_gather
+        // As nccl-tests' scatter: the root sends block j to rank j (itself included), and every
+        // rank receives its block from the root, all in one group.
+        Collective::Scatter => grouped(|| {
+            if checked.rank() == call.root {
+                for peer in 0..checked.world_size() {
+                    let at = peer as u64 * a.block_bytes;
+                    result::send((s + at) as _, count, dtype, peer as i32, comm, stream)?;
+                }
+            }
+            result::recv(r as _, count, dtype, root, comm, stream)
+        }),
     }
 }
 
