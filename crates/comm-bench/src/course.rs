@@ -14,6 +14,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::cli::{BenchArgs, Preset};
+use crate::error::BenchError;
 use crate::plan::Plan;
 use crate::record::{self, Row};
 use crate::report::{self, Naming};
@@ -159,7 +160,7 @@ fn runs(rows: &[Row]) -> Vec<(String, usize)> {
 }
 
 /// Prints the profiler's blocks and writes one file per backend and world size.
-fn profiler(plan: &Plan, rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
+fn profiler(plan: &Plan, rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
     let stamp = timestamp(&record::utc_now());
     let mut files = Vec::new();
     for (backend, ws) in runs(rows) {
@@ -170,8 +171,10 @@ fn profiler(plan: &Plan, rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, Strin
         let block = profile_block(plan, &mine);
         println!("\n{block}");
         let path = dir.join(format!("profile_{}_world{ws}_{stamp}.txt", clean(&backend)));
-        std::fs::write(&path, &block)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        std::fs::write(&path, &block).map_err(|source| BenchError::WriteFile {
+            path: path.clone(),
+            source,
+        })?;
         files.push(path);
     }
     Ok(files)
@@ -188,7 +191,7 @@ pub fn sweep_csv_name(backend: &str) -> String {
 }
 
 /// Writes the CSVs and runs the report with the course's names; prints its observations.
-fn sweep(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
+fn sweep(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
     let mut files = Vec::new();
     let mut backends: Vec<&str> = Vec::new();
     for r in rows {
@@ -221,7 +224,7 @@ fn sweep(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
 }
 
 /// Writes one preset's files into a folder; returns the files written.
-type Writer = fn(&Plan, &[Row], &Path) -> Result<Vec<PathBuf>, String>;
+type Writer = fn(&Plan, &[Row], &Path) -> Result<Vec<PathBuf>, BenchError>;
 
 /// The course's outputs of the preset in `args`, if it has any; says on stderr what it wrote.
 /// False when something could not be written.
@@ -239,7 +242,10 @@ pub fn write(args: &BenchArgs, plan: &Plan, rows: &[Row]) -> bool {
         .clone()
         .unwrap_or_else(|| PathBuf::from(default_dir));
     let result = std::fs::create_dir_all(&dir)
-        .map_err(|e| format!("cannot create {}: {e}", dir.display()))
+        .map_err(|source| BenchError::CreateDir {
+            path: dir.clone(),
+            source,
+        })
         .and_then(|()| run(plan, rows, &dir));
     match result {
         Ok(files) => {
@@ -277,7 +283,11 @@ mod tests {
         assert_eq!(thousands(1_048_576), "1,048,576");
         assert_eq!(thousands(999), "999");
         assert_eq!(timestamp("2026-01-31T12:03:04Z"), "20260131_120304");
-        assert_eq!(profiler_name("reduce_scatter"), "ReduceScatter");
+        // The profiler's names are the collective table's titles.
+        assert_eq!(
+            comm_core::Collective::ReduceScatter.describe().title,
+            "ReduceScatter"
+        );
     }
 
     #[test]

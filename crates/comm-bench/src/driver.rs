@@ -6,7 +6,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::BenchArgs;
+use crate::error::BenchError;
 use crate::measure::{measure, Case, Options};
 use crate::plan::Plan;
 use crate::record::{self, Row, RunInfo};
@@ -188,9 +189,53 @@ pub fn default_world_size(selection: &Selection) -> usize {
     }
 }
 
+/// One run of ranks: the backend asked for, what it resolved to, and the world size.
+struct RanksJob {
+    choice: BackendChoice,
+    kind: BackendKind,
+    world_size: usize,
+}
+
 /// The parent: one spawn per (backend, world size); tables printed from the ranks' reports.
 fn parent_main(args: &BenchArgs, plan: &Plan) -> i32 {
-    let mut jobs: Vec<(BackendChoice, BackendKind, usize)> = Vec::new();
+    let jobs = match jobs(plan) {
+        Ok(jobs) => jobs,
+        Err(e) => {
+            eprintln!("comm-bench: error: {e}");
+            return 2;
+        }
+    };
+    let dir = match events_dir() {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("comm-bench: error: {e}");
+            return 1;
+        }
+    };
+    let mut printer = Printer::new(plan, jobs.len() * plan.cases());
+    let mut code = 0;
+    if let Err(e) = run_jobs(&jobs, &dir, &mut printer) {
+        printer
+            .progress
+            .suspend(|| eprintln!("comm-bench: error: {e}"));
+        code = e.exit_code();
+    }
+    printer.done();
+    let _ = std::fs::remove_dir_all(&dir);
+    // `&`, not `&&`: the course's files are written even when --csv/--json failed.
+    let written =
+        write_outputs(args, &printer.rows) & crate::course::write(args, plan, &printer.rows);
+    if code == 0 && !written {
+        code = 1;
+    }
+    finish_code(code, printer.wrong(), printer.rows.len())
+}
+
+/// The runs to make, each (backend, world size) once. With several backends one that this
+/// machine cannot run is skipped, as are world sizes NCCL has too few GPUs for; the notes on
+/// stderr say so.
+fn jobs(plan: &Plan) -> Result<Vec<RanksJob>, BenchError> {
+    let mut jobs: Vec<RanksJob> = Vec::new();
     let mut notes = Vec::new();
     for &choice in &plan.backends {
         let selection = match backend::select(choice) {
@@ -199,10 +244,7 @@ fn parent_main(args: &BenchArgs, plan: &Plan) -> i32 {
                 notes.push(format!("skipping --backend {}: {e}", choice_name(choice)));
                 continue;
             }
-            Err(e) => {
-                eprintln!("comm-bench: error: {e}");
-                return 2;
-            }
+            Err(e) => return Err(e.into()),
         };
         let sizes = plan
             .world_sizes
@@ -215,8 +257,15 @@ fn parent_main(args: &BenchArgs, plan: &Plan) -> i32 {
                     selection.gpus,
                     if selection.gpus == 1 { "" } else { "s" }
                 ));
-            } else if !jobs.iter().any(|j| j.1 == selection.kind && j.2 == ws) {
-                jobs.push((choice, selection.kind, ws));
+            } else if !jobs
+                .iter()
+                .any(|j| j.kind == selection.kind && j.world_size == ws)
+            {
+                jobs.push(RanksJob {
+                    choice,
+                    kind: selection.kind,
+                    world_size: ws,
+                });
             }
         }
     }
@@ -224,55 +273,42 @@ fn parent_main(args: &BenchArgs, plan: &Plan) -> i32 {
         eprintln!("comm-bench: {note}");
     }
     if jobs.is_empty() {
-        eprintln!("comm-bench: error: nothing to run: every backend and world size was skipped");
-        return 2;
+        return Err(BenchError::NothingToRun);
     }
+    Ok(jobs)
+}
+
+/// A new folder for the files the ranks' rank 0 reports into (removed after the run).
+fn events_dir() -> Result<PathBuf, BenchError> {
     let dir = std::env::temp_dir().join(format!(
         "comm-bench-{}-{}",
         std::process::id(),
         record::utc_now().replace(':', "")
     ));
-    if let Err(e) = std::fs::create_dir_all(&dir) {
-        eprintln!("comm-bench: error: cannot create {}: {e}", dir.display());
-        return 1;
-    }
-    let mut printer = Printer::new(plan, jobs.len() * plan.cases());
-    let mut code = 0;
-    for (choice, kind, ws) in jobs {
+    std::fs::create_dir_all(&dir).map_err(|source| BenchError::CreateDir {
+        path: dir.clone(),
+        source,
+    })?;
+    Ok(dir)
+}
+
+/// Runs the jobs one after another, their events in `dir`; stops at the first that fails.
+fn run_jobs(jobs: &[RanksJob], dir: &Path, printer: &mut Printer) -> Result<(), BenchError> {
+    for job in jobs {
+        let (kind, ws) = (job.kind, job.world_size);
         let events = dir.join(format!("{kind}-{ws}.jsonl"));
-        match spawn_job(choice, ws, &events, &mut printer) {
-            Ok(Outcome::Success) => {}
-            Ok(outcome) => {
-                let why = match &outcome {
-                    Outcome::Failed(f) => format!(
-                        "{}; the other ranks were stopped{}",
-                        f.describe(),
-                        f.others()
-                    ),
-                    _ => "interrupted: the ranks were stopped".into(),
-                };
-                printer
-                    .progress
-                    .suspend(|| eprintln!("comm-bench: error: {kind} with {ws} ranks: {why}"));
-                code = outcome.exit_code();
-                break;
-            }
-            Err(e) => {
-                eprintln!("comm-bench: error: {e}");
-                code = 1;
-                break;
+        match spawn_job(job.choice, ws, &events, printer)? {
+            Outcome::Success => {}
+            outcome => {
+                return Err(BenchError::RanksFailed {
+                    backend: kind,
+                    world_size: ws,
+                    outcome: Box::new(outcome),
+                })
             }
         }
     }
-    printer.done();
-    let _ = std::fs::remove_dir_all(&dir);
-    // `&`, not `&&`: the course's files are written even when --csv/--json failed.
-    let written =
-        write_outputs(args, &printer.rows) & crate::course::write(args, plan, &printer.rows);
-    if code == 0 && !written {
-        code = 1;
-    }
-    finish_code(code, printer.wrong(), printer.rows.len())
+    Ok(())
 }
 
 /// A run's exit code: a failure's, else 1 when nothing was measured (every size skipped) or
@@ -301,7 +337,7 @@ fn write_outputs(args: &BenchArgs, rows: &[Row]) -> bool {
     for (path, write) in [
         (
             &args.csv,
-            record::write_csv as fn(&Path, &[Row]) -> Result<(), String>,
+            record::write_csv as fn(&Path, &[Row]) -> Result<(), BenchError>,
         ),
         (&args.json, record::write_json),
     ] {

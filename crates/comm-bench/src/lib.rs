@@ -9,10 +9,12 @@
 //! - [`table`], [`record`]: nccl-tests' table; rows for CSV/JSON
 //! - [`report`]: plots (plotters, PNG and SVG), markdown and observations
 //! - [`course`]: the course's own outputs of `--preset profiler` and `--preset allreduce-sweep`
+//! - [`error`]: what can go wrong, one variant per cause
 
 pub mod cli;
 pub mod course;
 pub mod driver;
+pub mod error;
 pub mod measure;
 pub mod plan;
 pub mod record;

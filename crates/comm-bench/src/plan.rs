@@ -4,6 +4,7 @@ use comm_core::timing::{Average, Waiting};
 use comm_core::{BackendChoice, Collective, DType, ReduceOp};
 
 use crate::cli::{BenchArgs, Placements, Preset};
+use crate::error::BenchError;
 use crate::units::{sweep, Step};
 
 /// A resolved sweep, the same on every rank.
@@ -84,8 +85,8 @@ fn preset(p: Option<Preset>) -> Defaults {
 fn list<T: Copy>(
     given: &Option<Vec<String>>,
     all: &[T],
-    parse: impl Fn(&str) -> Result<T, String>,
-) -> Result<Option<Vec<T>>, String> {
+    parse: impl Fn(&str) -> Result<T, BenchError>,
+) -> Result<Option<Vec<T>>, BenchError> {
     let Some(given) = given else { return Ok(None) };
     if given.iter().any(|s| s == "all") {
         return Ok(Some(all.to_vec()));
@@ -97,92 +98,135 @@ fn list<T: Copy>(
     Ok(Some(out))
 }
 
-impl Plan {
-    pub fn resolve(args: &BenchArgs) -> Result<Plan, String> {
-        let d = preset(args.preset);
-        let collectives = list(&args.collectives, &Collective::ALL, |s| {
-            s.parse::<Collective>()
-                .map_err(|e| e.replace("use one of", "use all or one of"))
-        })?
-        .or(d.collectives)
-        .unwrap_or_else(|| vec![Collective::AllReduce]);
-        let dtypes = list(&args.dtypes, &DType::ALL, |s| s.parse())?.unwrap_or(vec![DType::F32]);
-        let ops = list(&args.ops, &ReduceOp::ALL, |s| s.parse())?.unwrap_or(vec![ReduceOp::Sum]);
-        if collectives.is_empty() || dtypes.is_empty() || ops.is_empty() {
-            return Err("--collectives, -d and -o each need at least one value".into());
+/// What each table measures: --collectives, -d and -o (comm-core's parsers name the values).
+struct Tables {
+    collectives: Vec<Collective>,
+    dtypes: Vec<DType>,
+    ops: Vec<ReduceOp>,
+}
+
+fn tables(args: &BenchArgs, d: &Defaults) -> Result<Tables, BenchError> {
+    // comm-core's parsers say which names they know; "all" is comm-bench's own.
+    let collectives = list(&args.collectives, &Collective::ALL, |s| {
+        s.parse::<Collective>()
+            .map_err(|e| BenchError::UnknownName(e.replace("use one of", "use all or one of")))
+    })?
+    .or(d.collectives.clone())
+    .unwrap_or_else(|| vec![Collective::AllReduce]);
+    let dtypes = list(&args.dtypes, &DType::ALL, |s| {
+        s.parse().map_err(BenchError::UnknownName)
+    })?
+    .unwrap_or(vec![DType::F32]);
+    let ops = list(&args.ops, &ReduceOp::ALL, |s| {
+        s.parse().map_err(BenchError::UnknownName)
+    })?
+    .unwrap_or(vec![ReduceOp::Sum]);
+    if collectives.is_empty() || dtypes.is_empty() || ops.is_empty() {
+        return Err(BenchError::EmptyList);
+    }
+    Ok(Tables {
+        collectives,
+        dtypes,
+        ops,
+    })
+}
+
+/// -b, -e and -f or -i as the sizes of the sweep.
+fn sizes(args: &BenchArgs, d: &Defaults) -> Result<Vec<u64>, BenchError> {
+    let min = args.min_bytes.or(d.min).unwrap_or(1 << 10);
+    // Without -e, a -b above the default maximum measures that one size.
+    let max = args
+        .max_bytes
+        .unwrap_or_else(|| d.max.unwrap_or(64 << 20).max(min));
+    let step = match (args.step_bytes, args.step_factor) {
+        (Some(i), _) => Step::Bytes(i),
+        (None, Some(f)) => Step::Factor(f),
+        (None, None) => Step::Factor(d.factor.unwrap_or(4)),
+    };
+    sweep(min, max, step)
+}
+
+/// --world-sizes (or the preset's), each a number of ranks this node can start.
+fn world_sizes(args: &BenchArgs, d: &Defaults) -> Result<Option<Vec<usize>>, BenchError> {
+    let world_sizes = args.world_sizes.clone().or(d.world_sizes.clone());
+    if let Some(ws) = &world_sizes {
+        if ws.is_empty() || ws.contains(&0) {
+            return Err(BenchError::NoWorldSize);
         }
-        let min = args.min_bytes.or(d.min).unwrap_or(1 << 10);
-        // Without -e, a -b above the default maximum measures that one size.
-        let max = args
-            .max_bytes
-            .unwrap_or_else(|| d.max.unwrap_or(64 << 20).max(min));
-        let step = match (args.step_bytes, args.step_factor) {
-            (Some(i), _) => Step::Bytes(i),
-            (None, Some(f)) => Step::Factor(f),
-            (None, None) => Step::Factor(d.factor.unwrap_or(4)),
-        };
-        let sizes = sweep(min, max, step)?;
+        // comm-bench starts every world size on this node.
+        for &n in ws {
+            comm_core::spawn::check_ranks("--world-sizes", n, 1)?;
+        }
+    }
+    Ok(world_sizes)
+}
+
+/// How the loop is timed and its times combined: -n, -z, -a, -I and -m, in nccl-tests' ranges.
+struct Timed {
+    iters: usize,
+    waiting: Waiting,
+    average: Average,
+    per_iteration: bool,
+    aggregate: usize,
+}
+
+fn timed(args: &BenchArgs) -> Result<Timed, BenchError> {
+    let iters = args.iters.unwrap_or(20);
+    if iters == 0 {
+        return Err(BenchError::ZeroIters);
+    }
+    let z = args.blocking.unwrap_or(0);
+    let waiting = Waiting::from_flag(z).ok_or(BenchError::Blocking(z))?;
+    let a = args.average.unwrap_or(1);
+    let average = Average::from_flag(a).ok_or(BenchError::Average(a))?;
+    let per_iteration = match args.per_iter_timing.unwrap_or(0) {
+        0 => false,
+        1 => true,
+        i => return Err(BenchError::PerIterTiming(i)),
+    };
+    let aggregate = args.agg_iters.unwrap_or(1);
+    if aggregate == 0 {
+        return Err(BenchError::ZeroAggIters);
+    }
+    Ok(Timed {
+        iters,
+        waiting,
+        average,
+        per_iteration,
+        aggregate,
+    })
+}
+
+impl Plan {
+    /// The flags over the preset's values over the defaults; refuses values that cannot work.
+    pub fn resolve(args: &BenchArgs) -> Result<Plan, BenchError> {
+        let d = preset(args.preset);
+        let Tables {
+            collectives,
+            dtypes,
+            ops,
+        } = tables(args, &d)?;
+        let sizes = sizes(args, &d)?;
         let placement = args.placement.or(d.placement).unwrap_or(Placements::Both);
         let backends = args
             .backend
             .clone()
-            .or(d.backends)
+            .or(d.backends.clone())
             .unwrap_or(vec![BackendChoice::Auto]);
-        let world_sizes = args.world_sizes.clone().or(d.world_sizes);
-        if let Some(ws) = &world_sizes {
-            if ws.is_empty() || ws.contains(&0) {
-                return Err(
-                    "--world-sizes: give one or more numbers of ranks, each at least 1".into(),
-                );
-            }
-            // comm-bench starts every world size on this node.
-            for &n in ws {
-                comm_core::spawn::check_ranks("--world-sizes", n, 1).map_err(|e| e.to_string())?;
-            }
-        }
-        let iters = args.iters.unwrap_or(20);
-        if iters == 0 {
-            return Err("-n/--iters 0: time at least one iteration".into());
-        }
-        let z = args.blocking.unwrap_or(0);
-        let waiting = Waiting::from_flag(z).ok_or_else(|| {
-            format!(
-                "-z/--blocking {z}: give 0 (back to back, one wait), 1 (wait for each iteration, \
-                 then a barrier, all timed) or 3 (wait for each iteration, the barrier not timed)"
-            )
-        })?;
-        let a = args.average.unwrap_or(1);
-        let average = Average::from_flag(a).ok_or_else(|| {
-            format!(
-                "-a/--average {a}: give 0 (rank 0's time), 1 (the mean over ranks), 2 (the \
-                 fastest rank's) or 3 (the slowest rank's)"
-            )
-        })?;
-        let per_iteration = match args.per_iter_timing.unwrap_or(0) {
-            0 => false,
-            1 => true,
-            i => {
-                return Err(format!(
-                    "-I/--per_iter_timing {i}: give 0 (off) or 1 (time each iteration)"
-                ))
-            }
-        };
-        let aggregate = args.agg_iters.unwrap_or(1);
-        if aggregate == 0 {
-            return Err("-m/--agg_iters 0: aggregate at least one call per iteration".into());
-        }
+        let world_sizes = world_sizes(args, &d)?;
+        let timed = timed(args)?;
         Ok(Plan {
             collectives,
             sizes,
             dtypes,
             ops,
             root: args.root.unwrap_or(0),
-            iters,
+            iters: timed.iters,
             warmup: args.warmup.unwrap_or(5),
-            waiting,
-            average,
-            per_iteration,
-            aggregate,
+            waiting: timed.waiting,
+            average: timed.average,
+            per_iteration: timed.per_iteration,
+            aggregate: timed.aggregate,
             checks: args.check.unwrap_or(1),
             out_of_place: placement != Placements::InPlace,
             in_place: placement != Placements::OutOfPlace,
@@ -223,7 +267,7 @@ mod tests {
     fn plan(args: &[&str]) -> Result<Plan, String> {
         let cli = Cli::try_parse_from(std::iter::once("comm-bench").chain(args.iter().copied()))
             .map_err(|e| e.to_string())?;
-        Plan::resolve(&cli.bench)
+        Plan::resolve(&cli.bench).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -314,7 +358,7 @@ mod tests {
         assert_eq!(p.world_sizes, Some(vec![2, 3]));
         let p = plan(&["--collectives", "alltoall,all-to-all"]).unwrap();
         assert_eq!(p.collectives, vec![Collective::AllToAll; 2]);
-        let err = plan(&["--collectives", "gather"]).unwrap_err();
+        let err = plan(&["--collectives", "scatter_gather"]).unwrap_err();
         assert!(
             err.contains("use all or one of") && err.contains("alltoall"),
             "{err}"

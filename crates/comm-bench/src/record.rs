@@ -10,6 +10,7 @@ use comm_core::timing::{algbw, busbw, Average, Clock};
 use comm_core::Collective;
 use serde::{Deserialize, Serialize};
 
+use crate::error::BenchError;
 use crate::measure::{Measured, Outcome, Placement};
 
 /// One measured point.
@@ -173,33 +174,51 @@ impl Row {
     }
 }
 
-pub fn write_csv(path: &Path, rows: &[Row]) -> Result<(), String> {
-    let fail = |e: &dyn std::fmt::Display| format!("cannot write {}: {e}", path.display());
-    let mut w = csv::Writer::from_path(path).map_err(|e| fail(&e))?;
+pub fn write_csv(path: &Path, rows: &[Row]) -> Result<(), BenchError> {
+    let fail = |source| BenchError::WriteCsv {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut w = csv::Writer::from_path(path).map_err(fail)?;
     for row in rows {
-        w.serialize(row).map_err(|e| fail(&e))?;
+        w.serialize(row).map_err(fail)?;
     }
-    w.flush().map_err(|e| fail(&e))
+    w.flush().map_err(|e| fail(e.into()))
 }
 
-pub fn write_json(path: &Path, rows: &[Row]) -> Result<(), String> {
-    let fail = |e: &dyn std::fmt::Display| format!("cannot write {}: {e}", path.display());
-    let mut w = BufWriter::new(File::create(path).map_err(|e| fail(&e))?);
-    serde_json::to_writer_pretty(&mut w, rows).map_err(|e| fail(&e))?;
-    writeln!(w).and_then(|_| w.flush()).map_err(|e| fail(&e))
+pub fn write_json(path: &Path, rows: &[Row]) -> Result<(), BenchError> {
+    let io = |source| BenchError::WriteFile {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut w = BufWriter::new(File::create(path).map_err(io)?);
+    serde_json::to_writer_pretty(&mut w, rows).map_err(|source| BenchError::WriteJson {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    writeln!(w).and_then(|_| w.flush()).map_err(io)
 }
 
 /// Reads rows written by [`write_csv`] or [`write_json`] (told apart by the first character).
 /// Rows written before `time_us` existed get their median as `time_us` (what their table showed).
-pub fn read(path: &Path) -> Result<Vec<Row>, String> {
-    let fail = |e: &dyn std::fmt::Display| format!("cannot read {}: {e}", path.display());
-    let text = std::fs::read_to_string(path).map_err(|e| fail(&e))?;
+pub fn read(path: &Path) -> Result<Vec<Row>, BenchError> {
+    let text = std::fs::read_to_string(path).map_err(|source| BenchError::ReadFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let mut rows: Vec<Row> = if text.trim_start().starts_with('[') {
-        serde_json::from_str(&text).map_err(|e| fail(&e))?
+        serde_json::from_str(&text).map_err(|source| BenchError::MalformedJson {
+            path: path.to_path_buf(),
+            source,
+        })?
     } else {
         let mut rows = Vec::new();
         for row in csv::Reader::from_reader(BufReader::new(text.as_bytes())).deserialize() {
-            rows.push(row.map_err(|e| fail(&e))?);
+            rows.push(row.map_err(|source: csv::Error| BenchError::MalformedRow {
+                path: path.to_path_buf(),
+                line: source.position().map(|p| p.line()),
+                source,
+            })?);
         }
         rows
     };
@@ -403,7 +422,7 @@ mod tests {
         for (name, write) in [
             (
                 "r.csv",
-                write_csv as fn(&Path, &[Row]) -> Result<(), String>,
+                write_csv as fn(&Path, &[Row]) -> Result<(), BenchError>,
             ),
             ("r.json", write_json),
         ] {
@@ -413,9 +432,23 @@ mod tests {
         }
         let csv = std::fs::read_to_string(dir.join("r.csv")).unwrap();
         assert!(csv.starts_with("backend,collective,world_size,nodes,bytes,count,dtype"));
-        assert!(read(&dir.join("missing.csv"))
-            .unwrap_err()
-            .contains("missing.csv"));
+        let missing = read(&dir.join("missing.csv")).unwrap_err();
+        assert!(
+            matches!(missing, BenchError::ReadFile { .. }),
+            "{missing:?}"
+        );
+        assert!(missing.to_string().contains("missing.csv"), "{missing}");
+        // A row that is not a result: the file and the line it is on.
+        let bad = dir.join("bad.csv");
+        let mut text = std::fs::read_to_string(dir.join("r.csv")).unwrap();
+        text.push_str("cpu,all_reduce,two\n");
+        std::fs::write(&bad, text).unwrap();
+        match read(&bad).unwrap_err() {
+            BenchError::MalformedRow { path, line, .. } => {
+                assert_eq!((path, line), (bad.clone(), Some(4)));
+            }
+            other => panic!("{other:?}"),
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

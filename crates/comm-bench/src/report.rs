@@ -14,7 +14,9 @@ use comm_core::Collective;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
+use rayon::prelude::*;
 
+use crate::error::BenchError;
 use crate::record::{self, Row};
 use crate::units::human_bytes;
 
@@ -149,12 +151,44 @@ fn plot_stem(naming: Naming, collective: &str, kind: &str) -> String {
 }
 
 /// Reads `files`, writes plots and report.md into `out`, and returns what it wrote and observed.
-pub fn report(files: &[PathBuf], out: &Path) -> Result<Report, String> {
+pub fn report(files: &[PathBuf], out: &Path) -> Result<Report, BenchError> {
     report_as(files, out, Naming::Report)
 }
 
 /// [`report`], naming the files as `naming` says (and, for the course, writing its extra files).
-pub fn report_as(files: &[PathBuf], out: &Path, naming: Naming) -> Result<Report, String> {
+pub fn report_as(files: &[PathBuf], out: &Path, naming: Naming) -> Result<Report, BenchError> {
+    let (rows, sources) = read_rows(files)?;
+    std::fs::create_dir_all(out).map_err(|source| BenchError::CreateDir {
+        path: out.to_path_buf(),
+        source,
+    })?;
+    let sections = sections(&rows, naming);
+    let charts: Vec<&Chart> = sections.iter().flat_map(|s| &s.charts).collect();
+    let mut report = Report {
+        files: draw_charts(&charts, out)?,
+        observations: sections
+            .iter()
+            .flat_map(|s| s.observations.iter().cloned())
+            .collect(),
+    };
+    let sources = sources.join(", ");
+    let mut texts = vec![("report.md", report_md(&sources, &rows, &sections))];
+    if naming == Naming::Course {
+        texts.extend(course_texts(&sources, &sections));
+    }
+    for (file, text) in texts {
+        let path = out.join(file);
+        std::fs::write(&path, text).map_err(|source| BenchError::WriteFile {
+            path: path.clone(),
+            source,
+        })?;
+        report.files.push(path);
+    }
+    Ok(report)
+}
+
+/// Every row of `files`, and each file as report.md names it: `` `r.csv` (108 rows) ``.
+fn read_rows(files: &[PathBuf]) -> Result<(Vec<Row>, Vec<String>), BenchError> {
     let mut rows = Vec::new();
     let mut sources = Vec::new();
     for f in files {
@@ -163,14 +197,60 @@ pub fn report_as(files: &[PathBuf], out: &Path, naming: Naming) -> Result<Report
         rows.extend(read);
     }
     if rows.is_empty() {
-        return Err("the files hold no rows: nothing to report".into());
+        return Err(BenchError::NoRows);
     }
-    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    register_fonts();
-    let mut report = Report::default();
+    Ok((rows, sources))
+}
+
+/// One collective's part of the report: its rows, its plot lines, the charts drawn from them
+/// and the sentences computed from them.
+struct Section<'a> {
+    name: String,
+    rows: Vec<&'a Row>,
+    series: Vec<Series>,
+    charts: Vec<Chart>,
+    observations: Vec<String>,
+}
+
+/// One section per collective in the rows: comm-core's in its order, then names it does not
+/// know (from a newer comm-bench, say) in the order they first appear.
+fn sections(rows: &[Row], naming: Naming) -> Vec<Section<'_>> {
+    let mut names: Vec<String> = Collective::ALL
+        .iter()
+        .map(|c| c.name().to_string())
+        .collect();
+    for r in rows {
+        if !names.contains(&r.collective) {
+            names.push(r.collective.clone());
+        }
+    }
+    let mut stems = Vec::new();
+    let mut sections = Vec::new();
+    for name in names {
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.collective == name).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let series = series(&mine);
+        let stem = file_stem(&name, &stems);
+        stems.push(stem.clone());
+        sections.push(Section {
+            charts: charts(&name, &stem, &series, naming),
+            observations: observe(&name, &series),
+            name,
+            rows: mine,
+            series,
+        });
+    }
+    sections
+}
+
+/// report.md: where the rows come from, the machines, what the numbers mean, then per
+/// collective its plots, observations and every row.
+fn report_md(sources: &str, rows: &[Row], sections: &[Section]) -> String {
     let mut md = String::from("# comm-bench report\n\n");
-    let _ = writeln!(md, "From {}.\n", sources.join(", "));
-    md.push_str(&machines_table(&rows));
+    let _ = writeln!(md, "From {sources}.\n");
+    md.push_str(&machines_table(rows));
     md.push_str(
         "\nTime: nccl-tests' time, per call: each rank's host-clock time over the timed loop (as the \
          row's `blocking`, nccl-tests' -z, says), combined over ranks as its `average` (nccl-tests' \
@@ -181,87 +261,71 @@ pub fn report_as(files: &[PathBuf], out: &Path, naming: Naming) -> Result<Report
          (broadcast, reduce, sendrecv). Plots show out-of-place results where they were measured, else \
          in-place.\n",
     );
-
-    let mut names: Vec<String> = Collective::ALL
-        .iter()
-        .map(|c| c.name().to_string())
-        .collect();
-    for r in &rows {
-        if !names.contains(&r.collective) {
-            names.push(r.collective.clone());
+    for s in sections {
+        let _ = writeln!(md, "\n## {}\n", s.name);
+        for chart in &s.charts {
+            let _ = writeln!(md, "![{}]({}.png)", chart.plot.title(), chart.stem);
         }
-    }
-    let mut stems = Vec::new();
-    let mut full = String::from("# Full results\n\n");
-    let _ = writeln!(full, "From {}.", sources.join(", "));
-    let mut summary = String::from("# Summary by configuration\n\n");
-    let _ = writeln!(summary, "From {}.", sources.join(", "));
-    let mut analysis = String::new();
-    for name in names {
-        let mine: Vec<&Row> = rows.iter().filter(|r| r.collective == name).collect();
-        if mine.is_empty() {
-            continue;
-        }
-        let series = series(&mine);
-        let _ = writeln!(md, "\n## {name}\n");
-        let stem = file_stem(&name, &stems);
-        stems.push(stem.clone());
-        for (what, file) in plots(&name, &stem, &series, out, naming, &mut report.files)? {
-            let _ = writeln!(md, "![{what}]({file})");
-        }
-        let observations = observe(&name, &series);
-        if !observations.is_empty() {
+        if !s.observations.is_empty() {
             md.push_str("\nObservations:\n\n");
-            for o in &observations {
+            for o in &s.observations {
                 let _ = writeln!(md, "- {o}");
             }
         }
         md.push('\n');
-        md.push_str(&rows_table(&mine));
-        let _ = write!(full, "\n## {name}\n\n{}", rows_table(&mine));
-        let _ = write!(summary, "\n## {name}\n\n{}", summary_table(&series));
-        let _ = writeln!(analysis, "{name}:");
-        for s in &series {
-            let sizes: Vec<String> = s
+        md.push_str(&rows_table(&s.rows));
+    }
+    md
+}
+
+/// The course's files beside report.md: full_results.md, summary_by_config.md, analysis.txt.
+fn course_texts(sources: &str, sections: &[Section]) -> [(&'static str, String); 3] {
+    let mut full = String::from("# Full results\n\n");
+    let _ = writeln!(full, "From {sources}.");
+    let mut summary = String::from("# Summary by configuration\n\n");
+    let _ = writeln!(summary, "From {sources}.");
+    for s in sections {
+        let _ = write!(full, "\n## {}\n\n{}", s.name, rows_table(&s.rows));
+        let _ = write!(summary, "\n## {}\n\n{}", s.name, summary_table(&s.series));
+    }
+    [
+        ("full_results.md", full),
+        ("summary_by_config.md", summary),
+        ("analysis.txt", analysis(sources, sections)),
+    ]
+}
+
+/// analysis.txt: per collective the sizes each series measured, then its observations.
+fn analysis(sources: &str, sections: &[Section]) -> String {
+    let mut text = format!(
+        "Analysis of {}\n\nTimes are nccl-tests' time column: per call, on the host clock, \
+         combined over ranks as each row's -a says (the mean over ranks by default); algbw = \
+         size / time, busbw = algbw x the collective's bus factor (nccl-tests' bus \
+         bandwidth: {}). Observations are computed from the numbers.\n\n",
+        sources.replace('`', ""),
+        bus_rules()
+    );
+    for s in sections {
+        let _ = writeln!(text, "{}:", s.name);
+        for line in &s.series {
+            let sizes: Vec<String> = line
                 .points
                 .iter()
                 .map(|r| human_bytes(r.bytes as f64))
                 .collect();
-            let _ = writeln!(analysis, "  measured: {}: {}", s.label, sizes.join(", "));
+            let _ = writeln!(text, "  measured: {}: {}", line.label, sizes.join(", "));
         }
-        if observations.is_empty() {
-            analysis.push_str(
+        if s.observations.is_empty() {
+            text.push_str(
                 "  (no observations: too few sizes, world sizes or backends to compare)\n",
             );
         }
-        for o in &observations {
-            let _ = writeln!(analysis, "  - {o}");
+        for o in &s.observations {
+            let _ = writeln!(text, "  - {o}");
         }
-        analysis.push('\n');
-        report.observations.extend(observations);
+        text.push('\n');
     }
-    let mut texts = vec![("report.md", md)];
-    if naming == Naming::Course {
-        let head = format!(
-            "Analysis of {}\n\nTimes are nccl-tests' time column: per call, on the host clock, \
-             combined over ranks as each row's -a says (the mean over ranks by default); algbw = \
-             size / time, busbw = algbw x the collective's bus factor (nccl-tests' bus \
-             bandwidth: {}). Observations are computed from the numbers.\n\n",
-            sources.join(", ").replace('`', ""),
-            bus_rules()
-        );
-        texts.extend([
-            ("full_results.md", full),
-            ("summary_by_config.md", summary),
-            ("analysis.txt", head + &analysis),
-        ]);
-    }
-    for (file, text) in texts {
-        let path = out.join(file);
-        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        report.files.push(path);
-    }
-    Ok(report)
+    text
 }
 
 /// One line per series (backend, ranks, …): the sizes, the time at the smallest and the
@@ -377,14 +441,74 @@ fn rows_table(rows: &[&Row]) -> String {
     t
 }
 
-fn err(e: impl std::fmt::Display) -> String {
-    format!("drawing a plot: {e}")
+fn plot_error(e: impl std::error::Error + Send + Sync + 'static) -> BenchError {
+    BenchError::Plot(Box::new(e))
+}
+
+/// A chart of the report and the stem of its files (`{stem}.png`, `{stem}.svg`).
+struct Chart {
+    stem: String,
+    plot: Plot,
+}
+
+/// What a chart shows.
+enum Plot {
+    Lines(Lines),
+    /// (label, time in ms, size in bytes) per bar.
+    Bars {
+        title: String,
+        bars: Vec<(String, f64, u64)>,
+    },
+}
+
+impl Plot {
+    fn title(&self) -> &str {
+        match self {
+            Plot::Lines(lines) => &lines.title,
+            Plot::Bars { title, .. } => title,
+        }
+    }
+
+    fn draw(&self, format: Format, path: &Path) -> Result<(), BenchError> {
+        match format {
+            Format::Png => {
+                self.draw_on(BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area())
+            }
+            Format::Svg => self.draw_on(SVGBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area()),
+        }
+    }
+
+    fn draw_on<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), BenchError>
+    where
+        DB::ErrorType: 'static,
+    {
+        match self {
+            Plot::Lines(lines) => draw_lines(root, lines),
+            Plot::Bars { title, bars } => draw_bars(root, title, bars),
+        }
+    }
+}
+
+/// The files each chart is drawn to.
+#[derive(Debug, Clone, Copy)]
+enum Format {
+    Png,
+    Svg,
+}
+
+impl Format {
+    fn extension(self) -> &'static str {
+        match self {
+            Format::Png => "png",
+            Format::Svg => "svg",
+        }
+    }
 }
 
 /// A plot's data: lines of (x, y) points.
-struct Lines<'a> {
+struct Lines {
     title: String,
-    y_desc: &'a str,
+    y_desc: &'static str,
     lines: Vec<(String, Vec<(f64, f64)>)>,
 }
 
@@ -422,61 +546,54 @@ pub fn file_stem(name: &str, taken: &[String]) -> String {
     stem
 }
 
-/// Draws the collective's plots as PNG and SVG; returns (alt text, file name) of each PNG.
-fn plots(
-    name: &str,
-    file: &str,
-    series: &[Series],
-    out: &Path,
-    naming: Naming,
-    written: &mut Vec<PathBuf>,
-) -> Result<Vec<(String, String)>, String> {
-    let mut shown = Vec::new();
-    let line_plots = [
-        (
-            "time",
-            Lines {
-                title: format!("{name}: time vs size"),
-                y_desc: "time (ms)",
-                lines: series
-                    .iter()
-                    .map(|s| {
-                        let p = s.points.iter().map(|r| (r.bytes as f64, r.time_us / 1e3));
-                        (s.label.clone(), p.collect())
-                    })
-                    .collect(),
-            },
-        ),
-        (
+/// Draws each chart as PNG and SVG into `out`, in parallel: every file is independent, and
+/// drawing (above all rasterizing and encoding the PNGs) is most of a report's work. Returns the
+/// files in the charts' order, each PNG before its SVG.
+fn draw_charts(charts: &[&Chart], out: &Path) -> Result<Vec<PathBuf>, BenchError> {
+    register_fonts();
+    let files: Vec<(&Chart, Format, PathBuf)> = charts
+        .iter()
+        .flat_map(|&chart| {
+            [Format::Png, Format::Svg].map(|format| {
+                let path = out.join(format!("{}.{}", chart.stem, format.extension()));
+                (chart, format, path)
+            })
+        })
+        .collect();
+    files
+        .par_iter()
+        .try_for_each(|(chart, format, path)| chart.plot.draw(*format, path))?;
+    Ok(files.into_iter().map(|(_, _, path)| path).collect())
+}
+
+/// The charts of one collective: time and busbw against size, and the time near 100 MB by
+/// backend and ranks where some series measured near it.
+fn charts(name: &str, file: &str, series: &[Series], naming: Naming) -> Vec<Chart> {
+    let line_chart = |kind: &str, title: String, y_desc, y: fn(&Row) -> f64| Chart {
+        stem: plot_stem(naming, file, kind),
+        plot: Plot::Lines(Lines {
+            title,
+            y_desc,
+            lines: series
+                .iter()
+                .map(|s| {
+                    let p = s.points.iter().map(|r| (r.bytes as f64, y(r)));
+                    (s.label.clone(), p.collect())
+                })
+                .collect(),
+        }),
+    };
+    let mut charts = vec![
+        line_chart("time", format!("{name}: time vs size"), "time (ms)", |r| {
+            r.time_us / 1e3
+        }),
+        line_chart(
             "busbw",
-            Lines {
-                title: format!("{name}: bus bandwidth vs size"),
-                y_desc: "busbw (GB/s)",
-                lines: series
-                    .iter()
-                    .map(|s| {
-                        let p = s.points.iter().map(|r| (r.bytes as f64, r.busbw_gbps));
-                        (s.label.clone(), p.collect())
-                    })
-                    .collect(),
-            },
+            format!("{name}: bus bandwidth vs size"),
+            "busbw (GB/s)",
+            |r| r.busbw_gbps,
         ),
     ];
-    for (kind, plot) in &line_plots {
-        let stem = plot_stem(naming, file, kind);
-        let png = out.join(format!("{stem}.png"));
-        let svg = out.join(format!("{stem}.svg"));
-        draw_lines(
-            BitMapBackend::new(&png, (WIDTH, HEIGHT)).into_drawing_area(),
-            plot,
-        )?;
-        draw_lines(
-            SVGBackend::new(&svg, (WIDTH, HEIGHT)).into_drawing_area(),
-            plot,
-        )?;
-        written.extend([png, svg]);
-        shown.push((plot.title.clone(), format!("{stem}.png")));
-    }
     let bars: Vec<(String, f64, u64)> = series
         .iter()
         .filter_map(|s| {
@@ -490,24 +607,15 @@ fn plots(
         })
         .collect();
     if !bars.is_empty() {
-        let stem = plot_stem(naming, file, "100MB");
-        let title = format!("{name} at 100 MB: time by backend and ranks");
-        let png = out.join(format!("{stem}.png"));
-        let svg = out.join(format!("{stem}.svg"));
-        draw_bars(
-            BitMapBackend::new(&png, (WIDTH, HEIGHT)).into_drawing_area(),
-            &title,
-            &bars,
-        )?;
-        draw_bars(
-            SVGBackend::new(&svg, (WIDTH, HEIGHT)).into_drawing_area(),
-            &title,
-            &bars,
-        )?;
-        written.extend([png, svg]);
-        shown.push((title, format!("{stem}.png")));
+        charts.push(Chart {
+            stem: plot_stem(naming, file, "100MB"),
+            plot: Plot::Bars {
+                title: format!("{name} at 100 MB: time by backend and ranks"),
+                bars,
+            },
+        });
     }
-    Ok(shown)
+    charts
 }
 
 /// Decade bounds around positive values, for a log axis.
@@ -546,11 +654,14 @@ fn color(i: usize) -> RGBColor {
     COLORS[i % COLORS.len()]
 }
 
-fn draw_lines<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, plot: &Lines) -> Result<(), String>
+fn draw_lines<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    plot: &Lines,
+) -> Result<(), BenchError>
 where
     DB::ErrorType: 'static,
 {
-    root.fill(&WHITE).map_err(err)?;
+    root.fill(&WHITE).map_err(plot_error)?;
     let points = || plot.lines.iter().flat_map(|(_, p)| p.iter());
     let (x0, x1) = decades(points().map(|p| p.0));
     let (y0, y1) = decades(points().map(|p| p.1));
@@ -560,7 +671,7 @@ where
         .x_label_area_size(50)
         .y_label_area_size(70)
         .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())
-        .map_err(err)?;
+        .map_err(plot_error)?;
     chart
         .configure_mesh()
         .x_desc("size (bytes, log)")
@@ -569,18 +680,18 @@ where
         .y_label_formatter(&|v| number(*v))
         .label_style(("sans-serif", 15))
         .draw()
-        .map_err(err)?;
+        .map_err(plot_error)?;
     for (i, (label, pts)) in plot.lines.iter().enumerate() {
         let style = color(i).stroke_width(2);
         let pts: Vec<(f64, f64)> = pts.iter().copied().filter(|p| p.1 > 0.0).collect();
         chart
             .draw_series(LineSeries::new(pts.clone(), style))
-            .map_err(err)?
+            .map_err(plot_error)?
             .label(label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
         chart
             .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color(i).filled())))
-            .map_err(err)?;
+            .map_err(plot_error)?;
     }
     chart
         .configure_series_labels()
@@ -589,19 +700,19 @@ where
         .border_style(BLACK)
         .position(SeriesLabelPosition::UpperLeft)
         .draw()
-        .map_err(err)?;
-    root.present().map_err(err)
+        .map_err(plot_error)?;
+    root.present().map_err(plot_error)
 }
 
 fn draw_bars<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
     title: &str,
     bars: &[(String, f64, u64)],
-) -> Result<(), String>
+) -> Result<(), BenchError>
 where
     DB::ErrorType: 'static,
 {
-    root.fill(&WHITE).map_err(err)?;
+    root.fill(&WHITE).map_err(plot_error)?;
     let (y0, y1) = decades(bars.iter().map(|b| b.1));
     let labels: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
     let mut chart = ChartBuilder::on(&root)
@@ -615,7 +726,7 @@ where
             (0..bars.len().max(2) - 1).into_segmented(),
             (y0..y1).log_scale(),
         )
-        .map_err(err)?;
+        .map_err(plot_error)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -628,7 +739,7 @@ where
         .y_label_formatter(&|v| number(*v))
         .label_style(("sans-serif", 15))
         .draw()
-        .map_err(err)?;
+        .map_err(plot_error)?;
     chart
         .draw_series(bars.iter().enumerate().map(|(i, b)| {
             let mut bar = Rectangle::new(
@@ -641,7 +752,7 @@ where
             bar.set_margin(0, 0, 12, 12);
             bar
         }))
-        .map_err(err)?;
+        .map_err(plot_error)?;
     chart
         .draw_series(bars.iter().enumerate().map(|(i, b)| {
             Text::new(
@@ -653,8 +764,8 @@ where
                     .pos(Pos::new(HPos::Center, VPos::Bottom)),
             )
         }))
-        .map_err(err)?;
-    root.present().map_err(err)
+        .map_err(plot_error)?;
+    root.present().map_err(plot_error)
 }
 
 fn ms(us: f64) -> String {
@@ -668,61 +779,72 @@ fn ms(us: f64) -> String {
     }
 }
 
-/// A few sentences computed from the numbers.
+/// A few sentences computed from the numbers: where each series' bandwidth saturates, how each
+/// backend scales with ranks, and how the backends compare near 100 MB.
 pub fn observe(name: &str, series: &[Series]) -> Vec<String> {
-    let mut out = Vec::new();
-    let sized = |b: u64| human_bytes(b as f64);
-    // Where bandwidth saturates, per series.
-    for s in series.iter().filter(|s| s.points.len() >= 3) {
-        let peak = s
-            .points
-            .iter()
-            .max_by(|a, b| a.busbw_gbps.total_cmp(&b.busbw_gbps))
-            .expect("points");
-        if peak.busbw_gbps <= 0.0 {
-            continue;
-        }
-        let first = s
-            .points
-            .iter()
-            .find(|r| r.busbw_gbps >= 0.9 * peak.busbw_gbps)
-            .expect("the peak itself");
-        let last = s.points.last().expect("points");
-        let smallest = &s.points[0];
-        let text = if first.bytes == last.bytes {
-            format!(
-                "{name}, {}: busbw is still rising at the largest size measured ({} at {}): not saturated yet; try a larger -e.",
-                s.label,
-                gbps(last.busbw_gbps),
-                sized(last.bytes)
-            )
-        } else if last.busbw_gbps < 0.9 * peak.busbw_gbps {
-            format!(
-                "{name}, {}: busbw peaks at {} ({}) and falls to {} at {}: past the peak something else limits it (caches, memory, scheduling).",
-                s.label,
-                sized(peak.bytes),
-                gbps(peak.busbw_gbps),
-                gbps(last.busbw_gbps),
-                sized(last.bytes)
-            )
-        } else {
-            format!(
-                "{name}, {}: busbw saturates from {} on, within 10% of its peak {} (at {}); the smallest size ({}) takes {}, the latency floor.",
-                s.label,
-                sized(first.bytes),
-                gbps(peak.busbw_gbps),
-                sized(peak.bytes),
-                sized(smallest.bytes),
-                ms(smallest.time_us)
-            )
-        };
-        out.push(text);
+    let mut out: Vec<String> = series.iter().filter_map(|s| saturation(name, s)).collect();
+    out.extend(scaling(name, series));
+    out.extend(backends_compared(name, series));
+    out
+}
+
+/// Where one series' busbw comes within 10% of its peak, if it measured 3 sizes or more.
+fn saturation(name: &str, s: &Series) -> Option<String> {
+    if s.points.len() < 3 {
+        return None;
     }
-    // How it scales with ranks, per backend, at the largest size every world size measured.
+    let sized = |b: u64| human_bytes(b as f64);
+    let peak = s
+        .points
+        .iter()
+        .max_by(|a, b| a.busbw_gbps.total_cmp(&b.busbw_gbps))
+        .expect("points");
+    if peak.busbw_gbps <= 0.0 {
+        return None;
+    }
+    let first = s
+        .points
+        .iter()
+        .find(|r| r.busbw_gbps >= 0.9 * peak.busbw_gbps)
+        .expect("the peak itself");
+    let last = s.points.last().expect("points");
+    let smallest = &s.points[0];
+    Some(if first.bytes == last.bytes {
+        format!(
+            "{name}, {}: busbw is still rising at the largest size measured ({} at {}): not saturated yet; try a larger -e.",
+            s.label,
+            gbps(last.busbw_gbps),
+            sized(last.bytes)
+        )
+    } else if last.busbw_gbps < 0.9 * peak.busbw_gbps {
+        format!(
+            "{name}, {}: busbw peaks at {} ({}) and falls to {} at {}: past the peak something else limits it (caches, memory, scheduling).",
+            s.label,
+            sized(peak.bytes),
+            gbps(peak.busbw_gbps),
+            gbps(last.busbw_gbps),
+            sized(last.bytes)
+        )
+    } else {
+        format!(
+            "{name}, {}: busbw saturates from {} on, within 10% of its peak {} (at {}); the smallest size ({}) takes {}, the latency floor.",
+            s.label,
+            sized(first.bytes),
+            gbps(peak.busbw_gbps),
+            sized(peak.bytes),
+            sized(smallest.bytes),
+            ms(smallest.time_us)
+        )
+    })
+}
+
+/// How it scales with ranks, per backend, at the largest size every world size measured.
+fn scaling(name: &str, series: &[Series]) -> Vec<String> {
     let mut by_backend: BTreeMap<&str, Vec<&Series>> = BTreeMap::new();
     for s in series {
         by_backend.entry(&s.backend).or_default().push(s);
     }
+    let mut out = Vec::new();
     for (backend, list) in &by_backend {
         let mut sizes: Vec<usize> = list.iter().map(|s| s.world_size).collect();
         sizes.sort();
@@ -748,35 +870,44 @@ pub fn observe(name: &str, series: &[Series]) -> Vec<String> {
         let (lo, hi) = (at[0], at[at.len() - 1]);
         let join =
             |f: &dyn Fn(&Row) -> String| at.iter().map(|r| f(r)).collect::<Vec<_>>().join(" → ");
-        let change = hi.busbw_gbps / lo.busbw_gbps - 1.0;
-        let verdict = if !change.is_finite() {
-            String::new()
-        } else if change.abs() <= 0.15 {
-            "busbw holds within 15%: time grows as the bus model predicts for more ranks".into()
-        } else if change < 0.0 {
-            format!(
-                "busbw falls {:.0}%: the ranks share something that does not grow with them (cores, memory bandwidth, a link)",
-                -change * 100.0
-            )
-        } else {
-            format!("busbw rises {:.0}% with more ranks", change * 100.0)
-        };
+        let verdict = scaling_verdict(hi.busbw_gbps / lo.busbw_gbps - 1.0);
         out.push(format!(
             "{name} on {backend} at {}, {} ranks: time {}, busbw {}{}{verdict}.",
-            sized(bytes),
+            human_bytes(bytes as f64),
             join(&|r| r.world_size.to_string()),
             join(&|r| ms(r.time_us)),
             join(&|r| gbps(r.busbw_gbps)),
             if verdict.is_empty() { "" } else { "; " },
         ));
     }
-    // The backends side by side near 100 MB, per world size.
+    out
+}
+
+/// What a change of busbw from the fewest ranks to the most says (empty when not a number).
+fn scaling_verdict(change: f64) -> String {
+    if !change.is_finite() {
+        String::new()
+    } else if change.abs() <= 0.15 {
+        "busbw holds within 15%: time grows as the bus model predicts for more ranks".into()
+    } else if change < 0.0 {
+        format!(
+            "busbw falls {:.0}%: the ranks share something that does not grow with them (cores, memory bandwidth, a link)",
+            -change * 100.0
+        )
+    } else {
+        format!("busbw rises {:.0}% with more ranks", change * 100.0)
+    }
+}
+
+/// The backends side by side near 100 MB, per world size.
+fn backends_compared(name: &str, series: &[Series]) -> Vec<String> {
     let mut by_ws: BTreeMap<usize, Vec<(&Series, &Row)>> = BTreeMap::new();
     for s in series {
         if let Some(r) = near_100mb(s) {
             by_ws.entry(s.world_size).or_default().push((s, r));
         }
     }
+    let mut out = Vec::new();
     for (ws, mut list) in by_ws {
         let backends: std::collections::BTreeSet<&str> =
             list.iter().map(|(s, _)| s.backend.as_str()).collect();

@@ -1,16 +1,16 @@
 //! Sizes as people write them (`-b 1M`, `--maxbytes 1GB`) and as tables show them.
 
+use crate::error::BenchError;
+
 /// Parses a byte count: a whole number with an optional suffix. As in nccl-tests, `K`, `M`, `G`
 /// and `T` are powers of 1024 (`1M` = 1048576); `KB`, `MB`, `GB` and `TB` are powers of 1000, as
 /// the course writes its sizes (`100MB` = 100000000); `KiB`, `MiB`, `GiB` and `TiB` are powers of
 /// 1024 again. Letters are case-insensitive except for that `B`/`iB` distinction.
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
+pub fn parse_bytes(text: &str) -> Result<u64, BenchError> {
     let t = text.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (number, suffix) = t.split_at(digits);
-    let bad = || {
-        format!("{text:?} is not a size: write bytes as a whole number with K, M, G (x1024) or KB, MB, GB (x1000), e.g. 64M or 100MB")
-    };
+    let bad = || BenchError::NotASize { text: text.into() };
     let value: u64 = number.parse().map_err(|_| bad())?;
     let (letter, unit) = suffix.split_at(suffix.len().min(1));
     let power = match letter.to_ascii_uppercase().as_str() {
@@ -29,7 +29,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     };
     value
         .checked_mul(base.pow(power))
-        .ok_or_else(|| format!("{text:?} is too large"))
+        .ok_or_else(|| BenchError::SizeTooLarge { text: text.into() })
 }
 
 /// How sizes grow from `-b` to `-e`.
@@ -42,22 +42,20 @@ pub enum Step {
 }
 
 /// The sizes of a sweep: `min`, then stepped, up to and including `max`.
-pub fn sweep(min: u64, max: u64, step: Step) -> Result<Vec<u64>, String> {
+pub fn sweep(min: u64, max: u64, step: Step) -> Result<Vec<u64>, BenchError> {
     if min == 0 {
-        return Err("-b/--minbytes must be at least 1 byte".into());
+        return Err(BenchError::ZeroMinBytes);
     }
     if min > max {
-        return Err(format!(
-            "-b/--minbytes ({min}) is larger than -e/--maxbytes ({max})"
-        ));
+        return Err(BenchError::MinAboveMax { min, max });
     }
     let mut sizes = vec![min];
     let mut size = min;
     loop {
         size = match step {
             Step::Factor(f) if f >= 2 => size.saturating_mul(f),
-            Step::Factor(f) => return Err(format!("-f/--stepfactor {f}: use 2 or more")),
-            Step::Bytes(0) => return Err("-i/--stepbytes 0: use 1 or more".into()),
+            Step::Factor(f) => return Err(BenchError::StepFactorBelowTwo(f)),
+            Step::Bytes(0) => return Err(BenchError::ZeroStepBytes),
             Step::Bytes(i) => size.saturating_add(i),
         };
         if size > max {
@@ -65,9 +63,7 @@ pub fn sweep(min: u64, max: u64, step: Step) -> Result<Vec<u64>, String> {
         }
         sizes.push(size);
         if sizes.len() > 10_000 {
-            return Err(format!(
-                "{min} to {max} bytes with that step makes more than 10000 sizes: use a larger -f or -i"
-            ));
+            return Err(BenchError::TooManySizes { min, max });
         }
     }
 }
@@ -134,9 +130,15 @@ mod tests {
         for bad in ["", "M", "1.5M", "1X", "1MX", "-1", "1 M"] {
             assert!(parse_bytes(bad).is_err(), "{bad}");
         }
-        assert!(parse_bytes("99999999999T")
-            .unwrap_err()
-            .contains("too large"));
+        assert_eq!(
+            parse_bytes("99999999999T").unwrap_err().to_string(),
+            "\"99999999999T\" is too large"
+        );
+        assert_eq!(
+            parse_bytes("1X").unwrap_err().to_string(),
+            "\"1X\" is not a size: write bytes as a whole number with K, M, G (x1024) or KB, MB, \
+             GB (x1000), e.g. 64M or 100MB"
+        );
     }
 
     #[test]

@@ -374,9 +374,12 @@ fn ranks_started_by_a_launcher_measure_together() {
 
 #[test]
 fn mistakes_are_explained() {
-    let (out, _, stderr) = run(&["--collectives", "gather"]);
+    let (out, _, stderr) = run(&["--collectives", "scatter_gather"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr.contains("unknown collective \"gather\""), "{stderr}");
+    assert!(
+        stderr.contains("unknown collective \"scatter_gather\""),
+        "{stderr}"
+    );
     let (out, _, stderr) = run(&["-b", "1M", "-e", "1K"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr.contains("larger than -e/--maxbytes"), "{stderr}");
