@@ -64,6 +64,8 @@ fn collective_check_reports_every_collective() {
         "sendrecv int32",
         "alltoall float out-of-place",
         "alltoall int64 out-of-place",
+        "gather float in-place",
+        "scatter int32 out-of-place",
     ] {
         assert_eq!(
             stdout
