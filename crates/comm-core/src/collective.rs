@@ -151,6 +151,143 @@ fn block(i: usize, count: usize) -> Range<usize> {
     i * count..(i + 1) * count
 }
 
+/// What an entry says unless it says otherwise.
+const BASE: Description = Description {
+    collective: Collective::AllReduce,
+    name: "",
+    title: "",
+    bus_factor: once,
+    bus_rule: "1",
+    rooted: false,
+    reduces: false,
+    in_place: true,
+    min_ranks: 1,
+    send: Span::Count,
+    recv: Span::Count,
+    result: |_| Vec::new(),
+};
+
+/// The table, in [`Collective`]'s order (entry `c as usize` describes `c`).
+const TABLE: [Description; Collective::ALL.len()] = [
+    Description {
+        collective: Collective::AllReduce,
+        name: "all_reduce",
+        title: "AllReduce",
+        bus_factor: ring,
+        bus_rule: "2(n-1)/n",
+        reduces: true,
+        result: |p| vec![piece(0..p.count, Origin::Reduced, 0)],
+        ..BASE
+    },
+    Description {
+        collective: Collective::AllGather,
+        name: "all_gather",
+        title: "AllGather",
+        bus_factor: all_but_own,
+        bus_rule: "(n-1)/n",
+        recv: Span::WorldBlocks,
+        result: |p| {
+            let each = |r| piece(block(r, p.count), Origin::Rank(r), 0);
+            (0..p.world_size).map(each).collect()
+        },
+        ..BASE
+    },
+    Description {
+        collective: Collective::ReduceScatter,
+        name: "reduce_scatter",
+        title: "ReduceScatter",
+        bus_factor: all_but_own,
+        bus_rule: "(n-1)/n",
+        reduces: true,
+        send: Span::WorldBlocks,
+        result: |p| vec![piece(0..p.count, Origin::Reduced, p.rank * p.count)],
+        ..BASE
+    },
+    Description {
+        collective: Collective::Broadcast,
+        name: "broadcast",
+        title: "Broadcast",
+        rooted: true,
+        result: |p| vec![piece(0..p.count, Origin::Rank(p.root), 0)],
+        ..BASE
+    },
+    Description {
+        collective: Collective::Reduce,
+        name: "reduce",
+        title: "Reduce",
+        rooted: true,
+        reduces: true,
+        result: |p| match p.rank == p.root {
+            true => vec![piece(0..p.count, Origin::Reduced, 0)],
+            false => vec![piece(0..p.count, Origin::Unchanged, 0)],
+        },
+        ..BASE
+    },
+    Description {
+        collective: Collective::SendRecv,
+        name: "sendrecv",
+        title: "SendRecv",
+        in_place: false,
+        min_ranks: 2,
+        result: |p| {
+            let prev = (p.rank + p.world_size - 1) % p.world_size;
+            vec![piece(0..p.count, Origin::Rank(prev), 0)]
+        },
+        ..BASE
+    },
+    // ANCHOR: alltoall
+    // Sending from and receiving into one buffer at once would race: out of place only,
+    // as nccl-tests checks it.
+    Description {
+        collective: Collective::AllToAll,
+        name: "alltoall",
+        title: "AllToAll",
+        bus_factor: all_but_own,
+        bus_rule: "(n-1)/n",
+        in_place: false,
+        send: Span::WorldBlocks,
+        recv: Span::WorldBlocks,
+        result: |p| {
+            let each = |r| piece(block(r, p.count), Origin::Rank(r), p.rank * p.count);
+            (0..p.world_size).map(each).collect()
+        },
+        ..BASE
+    },
+    // ANCHOR_END: alltoall
+    // NCCL has no gather: nccl-tests builds it from one group of sends to the root and,
+    // on the root, a receive from every rank. Every rank holds a receive buffer of n
+    // blocks, as nccl-tests allocates it; only the root's is written.
+    Description {
+        collective: Collective::Gather,
+        name: "gather",
+        title: "Gather",
+        bus_factor: all_but_own,
+        bus_rule: "(n-1)/n",
+        rooted: true,
+        recv: Span::WorldBlocks,
+        result: |p| match p.rank == p.root {
+            true => {
+                let each = |r| piece(block(r, p.count), Origin::Rank(r), 0);
+                (0..p.world_size).map(each).collect()
+            }
+            false => vec![piece(0..p.world_size * p.count, Origin::Unchanged, 0)],
+        },
+        ..BASE
+    },
+    // Gather's mirror image, from nccl-tests too: the root sends block j to rank j.
+    Description {
+        collective: Collective::Scatter,
+        name: "scatter",
+        title: "Scatter",
+        bus_factor: all_but_own,
+        bus_rule: "(n-1)/n",
+        rooted: true,
+        send: Span::WorldBlocks,
+        result: |p| vec![piece(0..p.count, Origin::Rank(p.root), p.rank * p.count)],
+        ..BASE
+    },
+];
+
 impl Collective {
     /// Every collective, in the order tables list them.
     pub const ALL: [Collective; 9] = [
@@ -167,130 +304,7 @@ impl Collective {
 
     /// The table entry.
     pub fn describe(self) -> Description {
-        let base = Description {
-            collective: self,
-            name: "",
-            title: "",
-            bus_factor: once,
-            bus_rule: "1",
-            rooted: false,
-            reduces: false,
-            in_place: true,
-            min_ranks: 1,
-            send: Span::Count,
-            recv: Span::Count,
-            result: |_| Vec::new(),
-        };
-        match self {
-            Collective::AllReduce => Description {
-                name: "all_reduce",
-                title: "AllReduce",
-                bus_factor: ring,
-                bus_rule: "2(n-1)/n",
-                reduces: true,
-                result: |p| vec![piece(0..p.count, Origin::Reduced, 0)],
-                ..base
-            },
-            Collective::AllGather => Description {
-                name: "all_gather",
-                title: "AllGather",
-                bus_factor: all_but_own,
-                bus_rule: "(n-1)/n",
-                recv: Span::WorldBlocks,
-                result: |p| {
-                    let each = |r| piece(block(r, p.count), Origin::Rank(r), 0);
-                    (0..p.world_size).map(each).collect()
-                },
-                ..base
-            },
-            Collective::ReduceScatter => Description {
-                name: "reduce_scatter",
-                title: "ReduceScatter",
-                bus_factor: all_but_own,
-                bus_rule: "(n-1)/n",
-                reduces: true,
-                send: Span::WorldBlocks,
-                result: |p| vec![piece(0..p.count, Origin::Reduced, p.rank * p.count)],
-                ..base
-            },
-            Collective::Broadcast => Description {
-                name: "broadcast",
-                title: "Broadcast",
-                rooted: true,
-                result: |p| vec![piece(0..p.count, Origin::Rank(p.root), 0)],
-                ..base
-            },
-            Collective::Reduce => Description {
-                name: "reduce",
-                title: "Reduce",
-                rooted: true,
-                reduces: true,
-                result: |p| match p.rank == p.root {
-                    true => vec![piece(0..p.count, Origin::Reduced, 0)],
-                    false => vec![piece(0..p.count, Origin::Unchanged, 0)],
-                },
-                ..base
-            },
-            Collective::SendRecv => Description {
-                name: "sendrecv",
-                title: "SendRecv",
-                in_place: false,
-                min_ranks: 2,
-                result: |p| {
-                    let prev = (p.rank + p.world_size - 1) % p.world_size;
-                    vec![piece(0..p.count, Origin::Rank(prev), 0)]
-                },
-                ..base
-            },
-            // ANCHOR: alltoall
-            // Sending from and receiving into one buffer at once would race: out of place only,
-            // as nccl-tests checks it.
-            Collective::AllToAll => Description {
-                name: "alltoall",
-                title: "AllToAll",
-                bus_factor: all_but_own,
-                bus_rule: "(n-1)/n",
-                in_place: false,
-                send: Span::WorldBlocks,
-                recv: Span::WorldBlocks,
-                result: |p| {
-                    let each = |r| piece(block(r, p.count), Origin::Rank(r), p.rank * p.count);
-                    (0..p.world_size).map(each).collect()
-                },
-                ..base
-            },
-            // ANCHOR_END: alltoall
-            // NCCL has no gather: nccl-tests builds it from one group of sends to the root and,
-            // on the root, a receive from every rank. Every rank holds a receive buffer of n
-            // blocks, as nccl-tests allocates it; only the root's is written.
-            Collective::Gather => Description {
-                name: "gather",
-                title: "Gather",
-                bus_factor: all_but_own,
-                bus_rule: "(n-1)/n",
-                rooted: true,
-                recv: Span::WorldBlocks,
-                result: |p| match p.rank == p.root {
-                    true => {
-                        let each = |r| piece(block(r, p.count), Origin::Rank(r), 0);
-                        (0..p.world_size).map(each).collect()
-                    }
-                    false => vec![piece(0..p.world_size * p.count, Origin::Unchanged, 0)],
-                },
-                ..base
-            },
-            // Gather's mirror image, from nccl-tests too: the root sends block j to rank j.
-            Collective::Scatter => Description {
-                name: "scatter",
-                title: "Scatter",
-                bus_factor: all_but_own,
-                bus_rule: "(n-1)/n",
-                rooted: true,
-                send: Span::WorldBlocks,
-                result: |p| vec![piece(0..p.count, Origin::Rank(p.root), p.rank * p.count)],
-                ..base
-            },
-        }
+        TABLE[self as usize]
     }
 
     /// nccl-tests' name.
@@ -549,6 +563,13 @@ mod tests {
         assert_eq!(Collective::Scatter.bus_factor(8), 0.875);
         assert_eq!(Collective::Broadcast.bus_factor(8), 1.0);
         assert_eq!(Collective::AllReduce.bus_factor(1), 0.0);
+    }
+
+    #[test]
+    fn the_table_is_in_the_enums_order() {
+        for (i, c) in Collective::ALL.into_iter().enumerate() {
+            assert_eq!((c as usize, TABLE[i].collective), (i, c));
+        }
     }
 
     #[test]
