@@ -388,11 +388,11 @@ mod tests {
 
     #[test]
     fn the_cases_come_from_the_table() {
-        // 3 reducing collectives x 5 ops x 2 placements, broadcast and all_gather x 2,
-        // sendrecv and alltoall out of place only.
-        assert_eq!(cases(2, 1, 0).len(), 3 * 5 * 2 + 2 * 2 + 2);
+        // 3 reducing collectives x 5 ops x 2 placements, broadcast, all_gather, gather and
+        // scatter x 2, sendrecv and alltoall out of place only.
+        assert_eq!(cases(2, 1, 0).len(), 3 * 5 * 2 + 4 * 2 + 2);
         // On one rank sendrecv has no peer.
-        assert_eq!(cases(1, 1, 0).len(), 3 * 5 * 2 + 2 * 2 + 1);
+        assert_eq!(cases(1, 1, 0).len(), 3 * 5 * 2 + 4 * 2 + 1);
         let names = names(2, DType::F32);
         assert!(names.contains(&"alltoall float out-of-place".to_string()));
         assert!(names.contains(&"reduce_scatter prod float in-place".to_string()));

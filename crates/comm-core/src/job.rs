@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::cpu::{ShmTransport, Transport, TransportChoice};
+use crate::backend::cpu::{self, TransportChoice};
 use crate::backend::nccl::{self, NcclBackend};
 use crate::backend::{self, BackendChoice, BackendKind, Selection};
 use crate::comm::Communicator;
@@ -136,19 +136,14 @@ impl Job {
                     Some(name) => crate::host::interface_address(name)?,
                     None => self.store.local_ip(),
                 };
-                let transport = ShmTransport::connect_on(
-                    &self.store,
-                    &prefix,
-                    rank,
-                    world_size,
-                    run_id,
-                    self.transport,
-                    ip,
-                )?;
+                let choice = self.transport;
+                let connected =
+                    cpu::connect(&self.store, &prefix, rank, world_size, run_id, choice, ip)?;
+                let transport = connected.transport;
                 if rank == 0 {
-                    println!("transport: {} ({})", transport.name(), transport.summary());
+                    println!("transport: {} ({})", transport.name(), connected.why);
                 }
-                Communicator::cpu(Box::new(transport), topology.local_rank)
+                Communicator::cpu(transport, topology.local_rank)
             }
             BackendKind::Nccl => {
                 let ordinal = nccl::device_for(topology.local_rank, selection.gpus)?;

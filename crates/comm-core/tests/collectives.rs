@@ -9,9 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use comm_core::backend::cpu::{
-    ChannelTransport, ShmTransport, TcpTransport, Transport, TransportChoice,
-};
+use comm_core::backend::cpu::{self, ChannelTransport, TcpTransport, Transport, TransportChoice};
 use comm_core::check::{cases, input, Case, Mismatch};
 use comm_core::store::{Store, StoreServer};
 use comm_core::{Collective, Communicator, Element, ReduceOp};
@@ -68,9 +66,12 @@ fn on_ranks<R: Send>(n: usize, wire: Wire, body: impl Fn(&Communicator) -> R + S
 /// One rank's end of `wire` between processes.
 fn connect(wire: Wire, store: &Store, prefix: &str, rank: usize, n: usize) -> Box<dyn Transport> {
     match wire {
-        Wire::Shm => Box::new(
-            ShmTransport::connect(store, prefix, rank, n, None, TransportChoice::Shm).unwrap(),
-        ),
+        Wire::Shm => {
+            let ip = store.local_ip();
+            cpu::connect(store, prefix, rank, n, None, TransportChoice::Shm, ip)
+                .unwrap()
+                .transport
+        }
         _ => Box::new(TcpTransport::connect(store, prefix, rank, n, None).unwrap()),
     }
 }
@@ -393,8 +394,8 @@ fn ranks_given_different_transports_are_told() {
                 s.spawn(move || {
                     let timeout = Duration::from_secs(3);
                     let store = Store::connect("127.0.0.1", port, rank, 2, timeout).unwrap();
-                    ShmTransport::connect(&store, "mixed", rank, 2, None, choice)
-                        .map(|t| t.name())
+                    cpu::connect(&store, "mixed", rank, 2, None, choice, store.local_ip())
+                        .map(|c| c.transport.name())
                         .map_err(|e| e.to_string())
                 })
             })
@@ -406,4 +407,41 @@ fn ranks_given_different_transports_are_told() {
         message.contains("rank 0 runs --transport auto but rank 1 was given --transport tcp"),
         "{message}"
     );
+}
+
+/// `--transport tcp` is TCP alone (no shared memory is set up), `auto` on one host is shared
+/// memory between every pair; the transport line says why.
+#[test]
+fn each_transport_choice_builds_what_it_names() {
+    for (choice, name, why) in [
+        (TransportChoice::Tcp, "tcp", "requested"),
+        (
+            TransportChoice::Auto,
+            "shm",
+            "shared memory between the 3 ranks of this host",
+        ),
+    ] {
+        let server = StoreServer::bind(0, 3).unwrap();
+        let port = server.port();
+        let built: Vec<(String, String)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..3)
+                .map(|rank| {
+                    s.spawn(move || {
+                        let store = Store::connect("127.0.0.1", port, rank, 3, TIMEOUT).unwrap();
+                        let ip = store.local_ip();
+                        let c = cpu::connect(&store, "choice", rank, 3, None, choice, ip).unwrap();
+                        (c.transport.name().to_string(), c.why)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (got_name, got_why) in built {
+            assert_eq!(
+                (got_name.as_str(), got_why.as_str()),
+                (name, why),
+                "{choice:?}"
+            );
+        }
+    }
 }

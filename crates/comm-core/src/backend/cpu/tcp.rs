@@ -20,10 +20,11 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::transport::{size_mismatch, CallClock, Deadline, Transport};
+use super::context::Context;
+use super::transport::{size_mismatch, Deadline, Transport};
 use crate::error::{CommError, Result};
 use crate::store::Store;
 
@@ -145,12 +146,10 @@ struct Link {
 
 /// One process's TCP connections to every other rank, set up through the rendezvous store.
 pub struct TcpTransport {
-    rank: usize,
+    /// The rank, the call's deadline and the first failure, shared with a transport that
+    /// carries some pairs over shared memory: a failure shuts every link.
+    ctx: Arc<Context>,
     links: Vec<Option<Link>>,
-    /// The deadline of the collective call under way.
-    clock: CallClock,
-    /// The first failure: it shut every link, and every later operation fails with it.
-    broken: Mutex<Option<CommError>>,
 }
 
 /// Why connecting stopped: an error, or the other half of the rendezvous failed first.
@@ -224,54 +223,35 @@ impl TcpTransport {
         };
 
         let mut links: Vec<Option<Link>> = (0..world_size).map(|_| None).collect();
+        let mut controls = Vec::new();
         for (peer, stream) in connected.into_iter().chain(accepted) {
-            links[peer] = Some(Link::new(stream)?);
+            let link = Link::new(stream)?;
+            controls.push(
+                link.control
+                    .try_clone()
+                    .map_err(|e| CommError::io("peer link", e))?,
+            );
+            links[peer] = Some(link);
         }
-        Ok(TcpTransport {
-            rank,
-            links,
-            clock: CallClock::new(timeout),
-            broken: Mutex::new(None),
-        })
+        let ctx = Context::new(rank, world_size, timeout);
+        // The first failure shuts every link, so no other thread of this rank waits on one.
+        ctx.on_failure(move || {
+            for control in &controls {
+                let _ = control.shutdown(std::net::Shutdown::Both);
+            }
+        });
+        Ok(TcpTransport { ctx, links })
+    }
+
+    /// What this rank's transports share (see [`Context`]).
+    pub(crate) fn context(&self) -> Arc<Context> {
+        self.ctx.clone()
     }
 
     fn link(&self, peer: usize) -> &Link {
         self.links[peer]
             .as_ref()
-            .unwrap_or_else(|| panic!("rank {} has no link to rank {peer}", self.rank))
-    }
-
-    /// The deadline of the operation starting now: the call's, or its own.
-    pub(crate) fn deadline(&self) -> Deadline {
-        self.clock.deadline()
-    }
-
-    /// The first failure again, if there was one.
-    pub(crate) fn check_broken(&self) -> Result<()> {
-        match &*self.broken.lock().unwrap() {
-            Some(first) => Err(replay(first)),
-            None => Ok(()),
-        }
-    }
-
-    /// Records `e` as the first failure and shuts every link, so no other thread of this rank
-    /// waits on one; if a failure came first, `e` is its consequence and that one is returned.
-    pub(crate) fn break_with(&self, e: CommError) -> CommError {
-        let mut broken = self.broken.lock().unwrap();
-        if let Some(first) = &*broken {
-            return replay(first);
-        }
-        *broken = Some(replay(&e));
-        drop(broken);
-        for link in self.links.iter().flatten() {
-            let _ = link.control.shutdown(std::net::Shutdown::Both);
-        }
-        e
-    }
-
-    /// The timeout each collective call has.
-    pub(crate) fn timeout(&self) -> std::time::Duration {
-        self.clock.timeout()
+            .unwrap_or_else(|| panic!("rank {} has no link to rank {peer}", self.ctx.rank()))
     }
 
     /// Whether `peer`'s end of the link has closed (it exited, was killed, or failed and shut
@@ -299,8 +279,8 @@ impl TcpTransport {
     fn failure(&self, peer: usize, doing: &'static str, e: std::io::Error) -> CommError {
         let e = match e.kind() {
             ErrorKind::WouldBlock | ErrorKind::TimedOut => CommError::Timeout {
-                what: format!("rank {peer} while rank {} was {doing} it", self.rank),
-                timeout: self.clock.timeout(),
+                what: format!("rank {peer} while rank {} was {doing} it", self.ctx.rank()),
+                timeout: self.ctx.timeout(),
                 detail: " (is that rank stuck, or did the ranks call different collectives?)"
                     .into(),
                 missing: vec![peer],
@@ -310,41 +290,13 @@ impl TcpTransport {
             | ErrorKind::BrokenPipe
             | ErrorKind::ConnectionAborted
             | ErrorKind::WriteZero => CommError::PeerClosed {
-                rank: self.rank,
+                rank: self.ctx.rank(),
                 peer,
                 doing,
             },
-            _ => CommError::io(format!("rank {} {doing} rank {peer}", self.rank), e),
+            _ => CommError::io(format!("rank {} {doing} rank {peer}", self.ctx.rank()), e),
         };
-        self.break_with(e)
-    }
-}
-
-/// A copy of an error the transport made (they are not `Clone`: an I/O error is copied as its
-/// kind and text).
-fn replay(e: &CommError) -> CommError {
-    match e {
-        CommError::Timeout {
-            what,
-            timeout,
-            detail,
-            missing,
-        } => CommError::Timeout {
-            what: what.clone(),
-            timeout: *timeout,
-            detail: detail.clone(),
-            missing: missing.clone(),
-        },
-        CommError::PeerClosed { rank, peer, doing } => CommError::PeerClosed {
-            rank: *rank,
-            peer: *peer,
-            doing,
-        },
-        CommError::Io { context, source } => CommError::Io {
-            context: context.clone(),
-            source: std::io::Error::new(source.kind(), source.to_string()),
-        },
-        other => CommError::Peer(other.to_string()),
+        self.ctx.fail(e)
     }
 }
 
@@ -735,16 +687,16 @@ fn connect_retrying(
 
 impl Transport for TcpTransport {
     fn rank(&self) -> usize {
-        self.rank
+        self.ctx.rank()
     }
 
     fn world_size(&self) -> usize {
-        self.links.len()
+        self.ctx.world_size()
     }
 
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
-        let deadline = self.deadline();
-        self.check_broken()?;
+        let deadline = self.ctx.deadline();
+        self.ctx.check()?;
         let mut half = self.link(peer).writer.lock().unwrap();
         let header = (data.len() as u64).to_le_bytes();
         let written = if data.len() <= COALESCE {
@@ -760,8 +712,8 @@ impl Transport for TcpTransport {
     }
 
     fn recv(&self, peer: usize, out: &mut [u8]) -> Result<()> {
-        let deadline = self.deadline();
-        self.check_broken()?;
+        let deadline = self.ctx.deadline();
+        self.ctx.check()?;
         let mut half = self.link(peer).reader.lock().unwrap();
         let mut header = [0u8; 8];
         half.read_by(&mut header, deadline)
@@ -769,21 +721,25 @@ impl Transport for TcpTransport {
         let len = u64::from_le_bytes(header) as usize;
         if len != out.len() {
             // The rest of that message is still on the wire: the link is out of step for good.
-            return Err(self.break_with(size_mismatch(self.rank, peer, len, out.len())));
+            let e = size_mismatch(self.ctx.rank(), peer, len, out.len());
+            return Err(self.ctx.fail(e));
         }
         half.read_by(out, deadline)
             .map_err(|e| self.failure(peer, "receiving from", e))
     }
 
     fn begin_call(&self) -> bool {
-        self.clock.begin()
+        self.ctx.begin_call()
     }
 
     fn end_call(&self) {
-        self.clock.end()
+        self.ctx.end_call()
     }
 
     fn name(&self) -> &'static str {
-        "tcp"
+        match self.ctx.world_size() {
+            1 => "none",
+            _ => "tcp",
+        }
     }
 }

@@ -19,17 +19,18 @@
 mod ring;
 mod segment;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ring::{Doorbell, Geometry, Inbox, Ring};
 use segment::Segment;
 
+use super::context::Context;
 use super::tcp::TcpTransport;
 use super::transport::{
     piece, piece_count, size_mismatch, threaded_send_recv_with, Deadline, Sink, Transport,
 };
-use super::TransportChoice;
+use super::{Connected, TransportChoice};
 use crate::error::{CommError, Result};
 use crate::store::Store;
 use crate::streaming::{copy, Stores};
@@ -52,17 +53,17 @@ const YIELDS: u32 = 50;
 const NAP: Duration = Duration::from_millis(5);
 
 /// Processes as ranks: shared memory to the ranks of this host, TCP to the others (see the
-/// module's documentation). Built by [`ShmTransport::connect`].
-pub struct ShmTransport {
+/// module's documentation). Built by [`super::connect`] where a peer shares this host.
+pub struct ShmTcpTransport {
     /// Links to every peer: the data path to ranks of other hosts, and everywhere the signal
-    /// that a peer has gone or failed. Its clock is the call's deadline for both paths.
+    /// that a peer has gone or failed.
     tcp: TcpTransport,
+    /// The rank, the call's deadline and the first failure, shared with `tcp`.
+    ctx: Arc<Context>,
     /// Per peer: the rings shared with it, or `None` where bytes go over TCP.
     pairs: Vec<Option<Pair>>,
     /// This rank's doorbell, rung by peers that fill or free a slot it may wait for.
-    doorbell: Option<Doorbell>,
-    /// What ran and why, for the transport line.
-    summary: String,
+    doorbell: Doorbell,
     /// The mappings the rings point into; declared after `pairs` and `doorbell`, so dropped
     /// after them.
     _segments: Vec<Segment>,
@@ -78,102 +79,69 @@ struct Pair {
     bell: Doorbell,
 }
 
-impl ShmTransport {
-    /// Connects every pair of ranks (see [`TcpTransport::connect`]), then moves the pairs on one
-    /// host to shared memory as `choice` says: `Auto` wherever it can be set up, `Shm` for every
-    /// pair or an error, `Tcp` nowhere.
-    pub fn connect(
-        store: &Store,
-        prefix: &str,
-        rank: usize,
-        world_size: usize,
-        run_id: Option<&str>,
-        choice: TransportChoice,
-    ) -> Result<Self> {
-        let ip = store.local_ip();
-        Self::connect_on(store, prefix, rank, world_size, run_id, choice, ip)
+/// Moves the pairs of this host that can share memory off `tcp` (connected to every peer), as
+/// `choice` says: `Auto` wherever it can be set up, `Shm` for every pair or an error. Where no
+/// pair can, `tcp` goes on alone, with the reason.
+pub(super) fn connect(
+    tcp: TcpTransport,
+    store: &Store,
+    prefix: &str,
+    choice: TransportChoice,
+) -> Result<Connected> {
+    let (rank, world_size) = (tcp.rank(), tcp.world_size());
+    let prefix = format!("{prefix}/shm");
+    let host = host_ranks(store, &prefix, rank)?;
+    if choice == TransportChoice::Shm && host.len() < world_size {
+        let others = (0..world_size).filter(|r| !host.contains(r));
+        return Err(CommError::Usage(format!(
+            "--transport shm: rank {rank} shares its host with ranks {} only, and ranks {} \
+             run elsewhere; shared memory joins the ranks of one host (--transport auto uses \
+             it within each host and TCP between hosts)",
+            crate::error::rank_list(host.iter().copied()),
+            crate::error::rank_list(others)
+        )));
     }
-
-    /// [`connect`](Self::connect) with the TCP links listening on `ip` (see
-    /// [`TcpTransport::connect_on`]).
-    pub fn connect_on(
-        store: &Store,
-        prefix: &str,
-        rank: usize,
-        world_size: usize,
-        run_id: Option<&str>,
-        choice: TransportChoice,
-        ip: std::net::IpAddr,
-    ) -> Result<Self> {
-        let tcp = TcpTransport::connect_on(store, prefix, rank, world_size, run_id, ip)?;
-        let over_tcp = |tcp, summary: String| ShmTransport {
-            tcp,
-            pairs: (0..world_size).map(|_| None).collect(),
-            doorbell: None,
-            summary,
-            _segments: Vec::new(),
-        };
-        if world_size == 1 {
-            return Ok(over_tcp(tcp, "one rank: nothing to move".into()));
-        }
-        agree_on_choice(store, prefix, rank, choice)?;
-        if choice == TransportChoice::Tcp {
-            return Ok(over_tcp(tcp, "requested".into()));
-        }
-        let prefix = format!("{prefix}/shm");
-        let host = host_ranks(store, &prefix, rank)?;
-        if choice == TransportChoice::Shm && host.len() < world_size {
-            let others = (0..world_size).filter(|r| !host.contains(r));
-            return Err(CommError::Usage(format!(
-                "--transport shm: rank {rank} shares its host with ranks {} only, and ranks {} \
-                 run elsewhere; shared memory joins the ranks of one host (--transport auto uses \
-                 it within each host and TCP between hosts)",
-                crate::error::rank_list(host.iter().copied()),
-                crate::error::rank_list(others)
-            )));
-        }
-        let peers: Vec<usize> = host.iter().copied().filter(|&r| r != rank).collect();
-        if peers.is_empty() {
-            return Ok(over_tcp(tcp, "no other rank on this host".into()));
-        }
-        let shared = share_memory(store, &prefix, rank, &peers)?;
-        unmapped_peers(rank, &peers, &shared, choice)?;
-        let Shared {
-            inbox,
-            mapped,
-            segments,
-            ..
-        } = shared;
-        let Some(own) = inbox else {
-            return Ok(over_tcp(tcp, "shared memory could not be set up".into()));
-        };
-        let mut pairs: Vec<Option<Pair>> = (0..world_size).map(|_| None).collect();
-        for (peer, theirs) in &mapped {
-            pairs[*peer] = Some(Pair {
-                outgoing: Mutex::new(theirs.ring(ring_index(&host, rank, *peer))),
-                incoming: Mutex::new(own.ring(ring_index(&host, *peer, rank))),
-                bell: theirs.doorbell(),
-            });
-        }
-        let summary = summary(rank, world_size, mapped.len(), host.len());
-        Ok(ShmTransport {
-            tcp,
-            pairs,
-            doorbell: Some(own.doorbell()),
-            summary,
-            _segments: segments,
-        })
+    let peers: Vec<usize> = host.iter().copied().filter(|&r| r != rank).collect();
+    if peers.is_empty() {
+        return Ok(Connected::alone(tcp, "no other rank on this host"));
     }
+    let shared = share_memory(store, &prefix, rank, &peers)?;
+    unmapped_peers(rank, &peers, &shared, choice)?;
+    let Shared {
+        inbox,
+        mapped,
+        segments,
+        ..
+    } = shared;
+    let Some(own) = inbox else {
+        return Ok(Connected::alone(tcp, "shared memory could not be set up"));
+    };
+    let mut pairs: Vec<Option<Pair>> = (0..world_size).map(|_| None).collect();
+    for (peer, theirs) in &mapped {
+        pairs[*peer] = Some(Pair {
+            outgoing: Mutex::new(theirs.ring(ring_index(&host, rank, *peer))),
+            incoming: Mutex::new(own.ring(ring_index(&host, *peer, rank))),
+            bell: theirs.doorbell(),
+        });
+    }
+    let why = summary(rank, world_size, mapped.len(), host.len());
+    let transport = ShmTcpTransport {
+        ctx: tcp.context(),
+        tcp,
+        pairs,
+        doorbell: own.doorbell(),
+        _segments: segments,
+    };
+    Ok(Connected {
+        transport: Box::new(transport),
+        why,
+    })
+}
 
+impl ShmTcpTransport {
     /// Ranks this rank reaches through shared memory.
     pub fn shared_peers(&self) -> usize {
         self.pairs.iter().flatten().count()
-    }
-
-    /// What runs and why, as the transport line gives it: `shared memory between the 4 ranks
-    /// of this host`, `requested`, `no other rank on this host`.
-    pub fn summary(&self) -> &str {
-        &self.summary
     }
 
     /// Waits until `ready()` holds, checked after every ring of this rank's doorbell. While it
@@ -185,9 +153,7 @@ impl ShmTransport {
         mut ready: impl FnMut() -> bool,
         watch: &[(usize, &'static str)],
     ) -> Result<()> {
-        let bell = self
-            .doorbell
-            .expect("a shared-memory pair without a doorbell");
+        let bell = self.doorbell;
         let mut round = 0u32;
         loop {
             let seen = bell.seen();
@@ -203,19 +169,19 @@ impl ShmTransport {
                 std::thread::yield_now();
                 continue;
             }
-            self.tcp.check_broken()?;
-            let rank = self.tcp.rank();
+            self.ctx.check()?;
+            let rank = self.ctx.rank();
             for &(peer, doing) in watch {
                 if self.tcp.peer_closed(peer) {
                     let e = CommError::PeerClosed { rank, peer, doing };
-                    return Err(self.tcp.break_with(e));
+                    return Err(self.ctx.fail(e));
                 }
             }
             let Some(nap) = deadline.wait_at_most(NAP) else {
                 let (peer, doing) = watch[0];
-                return Err(self.tcp.break_with(CommError::Timeout {
+                return Err(self.ctx.fail(CommError::Timeout {
                     what: format!("rank {peer} while rank {rank} was {doing} it"),
-                    timeout: self.tcp.timeout(),
+                    timeout: self.ctx.timeout(),
                     detail: " (is that rank stuck, or did the ranks call different collectives?)"
                         .into(),
                     missing: vec![peer],
@@ -239,8 +205,8 @@ impl ShmTransport {
         let (message_len, slot) = ring.peek();
         if message_len != len {
             // The rest of that message still fills slots: the pair is out of step for good.
-            let e = size_mismatch(self.tcp.rank(), peer, message_len, len);
-            return Err(self.tcp.break_with(e));
+            let e = size_mismatch(self.ctx.rank(), peer, message_len, len);
+            return Err(self.ctx.fail(e));
         }
         let piece = (len - offset).min(ring.slot_bytes());
         sink(offset, &slot[..piece]);
@@ -248,28 +214,6 @@ impl ShmTransport {
         pair.bell.ring();
         Ok(())
     }
-}
-
-/// Every rank must have been given the same `--transport`: rank 0's rules, and a rank given
-/// another fails at once saying so (rather than waiting for ranks that took another path).
-fn agree_on_choice(
-    store: &Store,
-    prefix: &str,
-    rank: usize,
-    choice: TransportChoice,
-) -> Result<()> {
-    use clap::ValueEnum;
-    let ours = choice
-        .to_possible_value()
-        .map_or_else(String::new, |v| v.get_name().to_string());
-    let chosen = store.rank0_value(&format!("{prefix}/transport"), &ours)?;
-    if chosen != ours {
-        return Err(CommError::Usage(format!(
-            "rank 0 runs --transport {chosen} but rank {rank} was given --transport {ours}; give \
-             every rank the same --transport"
-        )));
-    }
-    Ok(())
 }
 
 /// Where ring of `sender` sits in `receiver`'s inbox: the sender's place among the receiver's
@@ -462,21 +406,21 @@ fn share_memory(store: &Store, prefix: &str, rank: usize, peers: &[usize]) -> Re
     })
 }
 
-impl Transport for ShmTransport {
+impl Transport for ShmTcpTransport {
     fn rank(&self) -> usize {
-        self.tcp.rank()
+        self.ctx.rank()
     }
 
     fn world_size(&self) -> usize {
-        self.tcp.world_size()
+        self.ctx.world_size()
     }
 
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
         let Some(pair) = &self.pairs[peer] else {
             return self.tcp.send(peer, data);
         };
-        let deadline = self.tcp.deadline();
-        self.tcp.check_broken()?;
+        let deadline = self.ctx.deadline();
+        self.ctx.check()?;
         let ring = pair.outgoing.lock().unwrap();
         let size = ring.slot_bytes();
         for i in 0..piece_count(data.len(), size) {
@@ -491,8 +435,8 @@ impl Transport for ShmTransport {
         let Some(pair) = &self.pairs[peer] else {
             return self.tcp.recv(peer, out);
         };
-        let deadline = self.tcp.deadline();
-        self.tcp.check_broken()?;
+        let deadline = self.ctx.deadline();
+        self.ctx.check()?;
         let ring = pair.incoming.lock().unwrap();
         let (len, size) = (out.len(), ring.slot_bytes());
         let stores = Stores::for_destination(len);
@@ -527,8 +471,8 @@ impl Transport for ShmTransport {
         let (Some(out_pair), Some(in_pair)) = (&self.pairs[to], &self.pairs[from]) else {
             return threaded_send_recv_with(self, to, data, from, len, sink);
         };
-        let deadline = self.tcp.deadline();
-        self.tcp.check_broken()?;
+        let deadline = self.ctx.deadline();
+        self.ctx.check()?;
         let outgoing = out_pair.outgoing.lock().unwrap();
         let incoming = in_pair.incoming.lock().unwrap();
         let (out_size, in_size) = (outgoing.slot_bytes(), incoming.slot_bytes());
@@ -563,19 +507,17 @@ impl Transport for ShmTransport {
     }
 
     fn begin_call(&self) -> bool {
-        self.tcp.begin_call()
+        self.ctx.begin_call()
     }
 
     fn end_call(&self) {
-        self.tcp.end_call()
+        self.ctx.end_call()
     }
 
     fn name(&self) -> &'static str {
-        match (self.shared_peers(), self.world_size() - 1) {
-            (_, 0) => "none",
-            (0, _) => "tcp",
-            (n, others) if n == others => "shm",
-            _ => "shm+tcp",
+        match self.shared_peers() == self.world_size() - 1 {
+            true => "shm",
+            false => "shm+tcp",
         }
     }
 }
