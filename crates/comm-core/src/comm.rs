@@ -503,19 +503,21 @@ impl Communicator {
             )
         })?;
         let row = crate::grid::Row::of(&self.to_host(buf)?);
-        let key = |rank: usize| format!("{}/grid/{step}/{rank}", self.name);
+        // This grid's rows, under comm<n>/grid/<step>/row/<rank>.
+        let step = store
+            .scoped(&self.name)
+            .scoped("grid")
+            .scoped(&step.to_string());
         if self.rank != 0 {
-            return store.set(&key(self.rank), &row.encode());
+            return step.set_at("row", self.rank, &row.encode());
         }
         let mut rows = vec![row];
-        let keys: Vec<String> = (1..self.world_size).map(key).collect();
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        for (rank, bytes) in (1..).zip(store.multi_get(&keys)?) {
+        for (rank, bytes) in (1..).zip(step.get_at("row", 1..self.world_size)?) {
             rows.push(crate::grid::Row::decode(&bytes).ok_or_else(|| {
                 CommError::Peer(format!("rank {rank} sent a malformed grid row"))
             })?);
         }
-        store.delete_all(&keys)?;
+        step.delete_at("row", 1..self.world_size)?;
         crate::grid::print(title, &rows);
         Ok(())
     }

@@ -121,7 +121,8 @@ impl Job {
         let (rank, world_size) = (topology.rank, topology.world_size);
         let _range = crate::profile::range(|| format!("communicator init ({})", selection.kind));
         let ours = selection.kind.to_string();
-        let chosen = self.store.rank0_value(&format!("{name}/backend"), &ours)?;
+        let scope = self.store.scoped(&name);
+        let chosen = scope.rank0_value("backend", &ours)?;
         if chosen != ours {
             return Err(CommError::Backend(format!(
                 "rank 0 runs the {chosen} backend but this rank would run {selection}; \
@@ -130,15 +131,14 @@ impl Job {
         }
         let comm = match selection.kind {
             BackendKind::Cpu => {
-                let prefix = format!("{name}/cpu");
                 let run_id = topology.run_id.as_deref();
                 let ip = match &topology.socket_ifname {
                     Some(name) => crate::host::interface_address(name)?,
                     None => self.store.local_ip(),
                 };
                 let choice = self.transport;
-                let connected =
-                    cpu::connect(&self.store, &prefix, rank, world_size, run_id, choice, ip)?;
+                let cpu = scope.scoped("cpu");
+                let connected = cpu::connect(&cpu, rank, world_size, run_id, choice, ip)?;
                 let transport = connected.transport;
                 if rank == 0 {
                     println!("transport: {} ({})", transport.name(), connected.why);
@@ -149,10 +149,9 @@ impl Job {
                 let ordinal = nccl::device_for(topology.local_rank, selection.gpus)?;
                 // One GPU per rank: two ranks of one host on the same GPU are named here, in
                 // one error on every rank, before NCCL would refuse them.
-                nccl::check_one_gpu_per_rank(&self.store, &name, rank, world_size, ordinal)?;
-                let prefix = format!("{name}/nccl");
-                let backend =
-                    NcclBackend::connect(&self.store, &prefix, rank, world_size, ordinal)?;
+                nccl::check_one_gpu_per_rank(&scope, rank, world_size, ordinal)?;
+                let nccl = scope.scoped("nccl");
+                let backend = NcclBackend::connect(&nccl, rank, world_size, ordinal)?;
                 Communicator::nccl(backend, rank, world_size, topology.local_rank, ordinal)
             }
         };

@@ -68,11 +68,18 @@ fn connect(wire: Wire, store: &Store, prefix: &str, rank: usize, n: usize) -> Bo
     match wire {
         Wire::Shm => {
             let ip = store.local_ip();
-            cpu::connect(store, prefix, rank, n, None, TransportChoice::Shm, ip)
-                .unwrap()
-                .transport
+            cpu::connect(
+                &store.scoped(prefix),
+                rank,
+                n,
+                None,
+                TransportChoice::Shm,
+                ip,
+            )
+            .unwrap()
+            .transport
         }
-        _ => Box::new(TcpTransport::connect(store, prefix, rank, n, None).unwrap()),
+        _ => Box::new(TcpTransport::connect(&store.scoped(prefix), rank, n, None).unwrap()),
     }
 }
 
@@ -394,9 +401,16 @@ fn ranks_given_different_transports_are_told() {
                 s.spawn(move || {
                     let timeout = Duration::from_secs(3);
                     let store = Store::connect("127.0.0.1", port, rank, 2, timeout).unwrap();
-                    cpu::connect(&store, "mixed", rank, 2, None, choice, store.local_ip())
-                        .map(|c| c.transport.name())
-                        .map_err(|e| e.to_string())
+                    cpu::connect(
+                        &store.scoped("mixed"),
+                        rank,
+                        2,
+                        None,
+                        choice,
+                        store.local_ip(),
+                    )
+                    .map(|c| c.transport.name())
+                    .map_err(|e| e.to_string())
                 })
             })
             .collect();
@@ -429,7 +443,8 @@ fn each_transport_choice_builds_what_it_names() {
                     s.spawn(move || {
                         let store = Store::connect("127.0.0.1", port, rank, 3, TIMEOUT).unwrap();
                         let ip = store.local_ip();
-                        let c = cpu::connect(&store, "choice", rank, 3, None, choice, ip).unwrap();
+                        let scope = store.scoped("choice");
+                        let c = cpu::connect(&scope, rank, 3, None, choice, ip).unwrap();
                         (c.transport.name().to_string(), c.why)
                     })
                 })

@@ -43,8 +43,9 @@ fn a_silent_connection_does_not_delay_the_job() {
     let timeout = Duration::from_secs(10);
     std::thread::scope(|s| {
         let rank0 = s.spawn(|| {
-            let t = TcpTransport::connect(&store(&server, 0, 2, timeout), "p", 0, 2, Some("r"))
-                .unwrap();
+            let t =
+                TcpTransport::connect(&store(&server, 0, 2, timeout).scoped("p"), 0, 2, Some("r"))
+                    .unwrap();
             let comm = Communicator::cpu(Box::new(t), 0);
             let mut buf = comm.buffer(&[1.0f32; 4]).unwrap();
             comm.all_reduce(&mut buf, ReduceOp::Sum).unwrap();
@@ -60,7 +61,7 @@ fn a_silent_connection_does_not_delay_the_job() {
         strangers[4].write_all(b"NC").unwrap();
         std::thread::sleep(Duration::from_millis(100));
         let started = Instant::now();
-        let t = TcpTransport::connect(&store1, "p", 1, 2, Some("r")).unwrap();
+        let t = TcpTransport::connect(&store1.scoped("p"), 1, 2, Some("r")).unwrap();
         let took = started.elapsed();
         eprintln!("rendezvous behind 5 strangers: {took:?}");
         // Before: each silent connection held rank 0 for the whole timeout (3 × 10 s here).
@@ -99,7 +100,12 @@ fn a_peer_from_another_run_is_refused_naming_both_runs() {
             .map(|(rank, run)| {
                 let server = &server;
                 s.spawn(move || {
-                    TcpTransport::connect(&store(server, rank, 2, timeout), "x", rank, 2, Some(run))
+                    TcpTransport::connect(
+                        &store(server, rank, 2, timeout).scoped("x"),
+                        rank,
+                        2,
+                        Some(run),
+                    )
                 })
             })
             .collect();
@@ -160,8 +166,13 @@ fn without_a_run_id_on_one_side_run_ids_are_not_compared() {
             .map(|(rank, run)| {
                 let server = &server;
                 s.spawn(move || {
-                    TcpTransport::connect(&store(server, rank, 2, timeout), "h", rank, 2, run)
-                        .unwrap()
+                    TcpTransport::connect(
+                        &store(server, rank, 2, timeout).scoped("h"),
+                        rank,
+                        2,
+                        run,
+                    )
+                    .unwrap()
                 })
             })
             .collect();
@@ -182,16 +193,18 @@ fn a_rank_that_is_already_connected_is_refused() {
     let started = Instant::now();
     let rank0 = std::thread::scope(|s| {
         let rank0 = s.spawn(|| {
-            let result = TcpTransport::connect(&store(&server, 0, 3, timeout), "d", 0, 3, None);
+            let result =
+                TcpTransport::connect(&store(&server, 0, 3, timeout).scoped("d"), 0, 3, None);
             (result, started.elapsed())
         });
-        let job_a =
-            s.spawn(|| TcpTransport::connect(&store(&server, 1, 3, timeout), "d", 1, 3, None));
+        let job_a = s.spawn(|| {
+            TcpTransport::connect(&store(&server, 1, 3, timeout).scoped("d"), 1, 3, None)
+        });
         let job_b = s.spawn(|| {
             let addr = store(&server, 2, 3, timeout).get("d/addr/0").unwrap();
             let store_b = store(&server_b, 1, 3, timeout);
             store_b.set("d/addr/0", &addr).unwrap();
-            TcpTransport::connect(&store_b, "d", 1, 3, None)
+            TcpTransport::connect(&store_b.scoped("d"), 1, 3, None)
         });
         let claimants = [job_a, job_b];
         let refused = claimants
@@ -235,7 +248,12 @@ fn a_peer_of_another_world_size_is_refused() {
             .map(|(rank, world)| {
                 let server = &server;
                 s.spawn(move || {
-                    TcpTransport::connect(&store(server, rank, 2, timeout), "w", rank, world, None)
+                    TcpTransport::connect(
+                        &store(server, rank, 2, timeout).scoped("w"),
+                        rank,
+                        world,
+                        None,
+                    )
                 })
             })
             .collect();
@@ -262,7 +280,7 @@ fn stopped_rank(dir: &Path) -> ! {
     let port: u16 = std::env::var("STORE_PORT").unwrap().parse().unwrap();
     let store = Store::connect("127.0.0.1", port, 1, 2, Duration::from_secs(20)).unwrap();
     std::fs::write(dir.join("1"), std::process::id().to_string()).unwrap();
-    let t = TcpTransport::connect(&store, "stop", 1, 2, None).unwrap();
+    let t = TcpTransport::connect(&store.scoped("stop"), 1, 2, None).unwrap();
     let comm = Communicator::cpu(Box::new(t), 0);
     let mut buf = comm.buffer(&vec![1.0f32; 4 << 20]).unwrap();
     let _ = comm.all_reduce(&mut buf, ReduceOp::Sum);
@@ -290,7 +308,8 @@ fn a_stopped_peer_is_reported_within_the_timeout() {
     );
     let pid = wait_for_pid_files(&dir, 1..2, Duration::from_secs(20))[0];
     let timeout = Duration::from_secs(2);
-    let t = TcpTransport::connect(&store(&server, 0, 2, timeout), "stop", 0, 2, None).unwrap();
+    let t =
+        TcpTransport::connect(&store(&server, 0, 2, timeout).scoped("stop"), 0, 2, None).unwrap();
     child.signal(libc::SIGSTOP);
     let comm = Communicator::cpu(Box::new(t), 0);
     // 16 MiB: the ring's sends fill the socket buffers of the stopped rank and block.
@@ -345,7 +364,8 @@ fn a_trickling_peer_does_not_extend_the_deadline() {
                 std::thread::sleep(Duration::from_millis(500));
             }
         });
-        let t = TcpTransport::connect(&store(server, 0, 2, timeout), "tr", 0, 2, None).unwrap();
+        let t =
+            TcpTransport::connect(&store(server, 0, 2, timeout).scoped("tr"), 0, 2, None).unwrap();
         let started = Instant::now();
         let mut out = [0u8; 16];
         let err = t.recv(1, &mut out).unwrap_err();

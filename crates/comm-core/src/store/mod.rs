@@ -14,10 +14,12 @@
 
 mod client;
 mod membership;
+mod scoped;
 mod server;
 mod wire;
 
 pub use client::{wire_key, Membership, Store};
+pub use scoped::Scoped;
 pub use server::{StoreLimits, StoreServer};
 pub use wire::MAX_VALUE_BYTES;
 

@@ -27,7 +27,7 @@ pub enum TransportChoice {
 }
 
 use crate::error::{CommError, Result};
-use crate::store::Store;
+use crate::store::Scoped;
 
 /// A rank's transport to every peer, and why it is the one it is (the transport line's words:
 /// `requested`, `shared memory between the 4 ranks of this host`, ...).
@@ -47,43 +47,37 @@ impl Connected {
     }
 }
 
-/// Connects this rank to every peer through the store under `prefix` (TCP links listening on
+/// Connects this rank to every peer through the store in `scope` (TCP links listening on
 /// `ip`, see [`TcpTransport::connect_on`]), then, as `choice` says, moves the pairs of one host
 /// to shared memory ([`shm`]): `Auto` wherever it can be set up, `Shm` for every pair or an
 /// error, `Tcp` nowhere (no shared memory is set up at all).
 pub fn connect(
-    store: &Store,
-    prefix: &str,
+    scope: &Scoped,
     rank: usize,
     world_size: usize,
     run_id: Option<&str>,
     choice: TransportChoice,
     ip: std::net::IpAddr,
 ) -> Result<Connected> {
-    let tcp = TcpTransport::connect_on(store, prefix, rank, world_size, run_id, ip)?;
+    let tcp = TcpTransport::connect_on(scope, rank, world_size, run_id, ip)?;
     if world_size == 1 {
         return Ok(Connected::alone(tcp, "one rank: nothing to move"));
     }
-    agree_on_choice(store, prefix, rank, choice)?;
+    agree_on_choice(scope, rank, choice)?;
     match choice {
         TransportChoice::Tcp => Ok(Connected::alone(tcp, "requested")),
-        _ => shm::connect(tcp, store, prefix, choice),
+        _ => shm::connect(tcp, scope, choice),
     }
 }
 
 /// Every rank must have been given the same `--transport`: rank 0's rules, and a rank given
 /// another fails at once saying so (rather than waiting for ranks that took another path).
-fn agree_on_choice(
-    store: &Store,
-    prefix: &str,
-    rank: usize,
-    choice: TransportChoice,
-) -> Result<()> {
+fn agree_on_choice(scope: &Scoped, rank: usize, choice: TransportChoice) -> Result<()> {
     use clap::ValueEnum;
     let ours = choice
         .to_possible_value()
         .map_or_else(String::new, |v| v.get_name().to_string());
-    let chosen = store.rank0_value(&format!("{prefix}/transport"), &ours)?;
+    let chosen = scope.rank0_value("transport", &ours)?;
     if chosen != ours {
         return Err(CommError::Usage(format!(
             "rank 0 runs --transport {chosen} but rank {rank} was given --transport {ours}; give \

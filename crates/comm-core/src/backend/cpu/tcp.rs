@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use super::context::Context;
 use super::transport::{size_mismatch, Deadline, Transport};
 use crate::error::{CommError, Result};
-use crate::store::Store;
+use crate::store::Scoped;
 
 /// The first bytes of a peer hello (version 2: rank, world size and run id).
 const MAGIC: &[u8; 4] = b"NCW2";
@@ -156,38 +156,37 @@ pub struct TcpTransport {
 type Setup<T> = std::result::Result<T, Option<CommError>>;
 
 impl TcpTransport {
-    /// Connects every pair of ranks, using the store under `prefix` to exchange addresses.
+    /// Connects every pair of ranks, exchanging addresses through the store in `scope`.
     /// `run_id` names the run (torchrun's `--rdzv-id`, Slurm's job and step, self-spawn's own):
     /// a peer of another run is refused. Ranks started by hand have none, and then run ids are
     /// not compared. Everything must be connected within the store's timeout.
     pub fn connect(
-        store: &Store,
-        prefix: &str,
+        scope: &Scoped,
         rank: usize,
         world_size: usize,
         run_id: Option<&str>,
     ) -> Result<Self> {
-        Self::connect_on(store, prefix, rank, world_size, run_id, store.local_ip())
+        let ip = scope.store().local_ip();
+        Self::connect_on(scope, rank, world_size, run_id, ip)
     }
 
     /// [`connect`](Self::connect), listening for peers on `ip` (an interface's address, as
     /// `GLOO_SOCKET_IFNAME` names it) instead of the address the store is reached from.
     pub fn connect_on(
-        store: &Store,
-        prefix: &str,
+        scope: &Scoped,
         rank: usize,
         world_size: usize,
         run_id: Option<&str>,
         ip: std::net::IpAddr,
     ) -> Result<Self> {
-        let timeout = store.timeout();
+        let timeout = scope.store().timeout();
         let deadline = Deadline::after(timeout);
         let listener = TcpListener::bind((ip, 0))
             .map_err(|e| CommError::io(format!("rank {rank} cannot listen for peers"), e))?;
         let me = listener
             .local_addr()
             .map_err(|e| CommError::io("peer listener", e))?;
-        store.set(&format!("{prefix}/addr/{rank}"), me.to_string().as_bytes())?;
+        scope.set_at("addr", rank, me.to_string().as_bytes())?;
         let ours = Hello {
             rank,
             world_size,
@@ -205,7 +204,7 @@ impl TcpTransport {
                 }
                 accepted
             });
-            let connected = connect_lower(store, prefix, &ours, deadline, &failed);
+            let connected = connect_lower(scope, &ours, deadline, &failed);
             if connected.is_err() {
                 failed.store(true, Ordering::SeqCst);
             }
@@ -377,18 +376,14 @@ fn is_wait(e: &std::io::Error) -> bool {
 
 /// Connects to every lower rank, says hello and reads its answer: the streams, by rank.
 fn connect_lower(
-    store: &Store,
-    prefix: &str,
+    scope: &Scoped,
     ours: &Hello,
     deadline: Deadline,
     failed: &AtomicBool,
 ) -> Setup<Vec<(usize, TcpStream)>> {
     let rank = ours.rank;
     let mut streams = Vec::with_capacity(rank);
-    let keys: Vec<String> = (0..rank)
-        .map(|peer| format!("{prefix}/addr/{peer}"))
-        .collect();
-    let addrs = store.multi_get(&keys.iter().map(String::as_str).collect::<Vec<_>>())?;
+    let addrs = scope.get_at("addr", 0..rank)?;
     for (peer, addr) in addrs.into_iter().enumerate() {
         let addr = String::from_utf8_lossy(&addr).into_owned();
         let addr: SocketAddr = addr.parse().map_err(|_| {

@@ -19,7 +19,7 @@ use super::watchdog::{self, async_state, Arming, Watchdog};
 use crate::collective::{Call, Collective};
 use crate::dtype::Element;
 use crate::error::{CommError, Result};
-use crate::store::Store;
+use crate::store::Scoped;
 
 /// One rank's NCCL communicator (a blocking one: calls are enqueued on this thread), its GPU
 /// and its one stream.
@@ -52,13 +52,7 @@ const STUCK_GRACE: Duration = Duration::from_secs(2);
 
 impl NcclBackend {
     /// Binds this rank to its GPU and builds the communicator through the store.
-    pub fn connect(
-        store: &Store,
-        prefix: &str,
-        rank: usize,
-        world_size: usize,
-        ordinal: usize,
-    ) -> Result<Self> {
+    pub fn connect(scope: &Scoped, rank: usize, world_size: usize, ordinal: usize) -> Result<Self> {
         let ctx = quietly(|| CudaContext::new(ordinal))
             .map_err(|p| CommError::Backend(format!("CUDA did not load: {p}")))?
             .map_err(cuda(&format!("opening cuda:{ordinal}")))?;
@@ -71,19 +65,20 @@ impl NcclBackend {
         // ANCHOR: unique_id
         let id = if rank == 0 {
             let id = new_unique_id()?;
-            store.set(&format!("{prefix}/id"), &id)?;
+            scope.set("id", &id)?;
             id_from_bytes(&id)?
         } else {
-            id_from_bytes(&store.get(&format!("{prefix}/id"))?)?
+            id_from_bytes(&scope.get("id")?)?
         };
         // Everyone has the Id and is alive before NCCL's own init starts.
-        store.barrier(&format!("{prefix}/init"))?;
+        scope.barrier("init")?;
         ctx.bind_to_thread().map_err(cuda("binding the context"))?;
-        let comm = init_rank(&ctx, world_size, id, rank, store.timeout())?;
+        let timeout = scope.store().timeout();
+        let comm = init_rank(&ctx, world_size, id, rank, timeout)?;
         // ANCHOR_END: unique_id
         let version = result::get_nccl_version().unwrap_or(0);
         let watchdog = Watchdog::start(
-            store.timeout(),
+            timeout,
             STUCK_GRACE,
             Box::new(move |what| stuck(rank, what)),
         );

@@ -12,7 +12,7 @@
 use std::fmt;
 
 use crate::error::{CommError, Result};
-use crate::store::Store;
+use crate::store::Scoped;
 
 /// The GPU for a rank: `local_rank % gpus`, `gpus` being the GPUs this process sees. Every rank
 /// sees all of the node's GPUs (`--gres=gpu:N`): the local rank picks its own. Every rank sees
@@ -124,8 +124,7 @@ fn seat_from(rank: usize, value: &[u8]) -> GpuSeat {
 /// publishes the verdict at `{name}/gpu/verdict` (empty, or the [`SharedGpu`] error), and every
 /// rank returns it, so all fail alike. `world_size` store reads in all, not one per pair.
 pub fn check_one_gpu_per_rank(
-    store: &Store,
-    name: &str,
+    scope: &Scoped,
     rank: usize,
     world_size: usize,
     ordinal: usize,
@@ -134,8 +133,7 @@ pub fn check_one_gpu_per_rank(
         return Ok(());
     }
     exchange(
-        store,
-        name,
+        scope,
         rank,
         world_size,
         &crate::host::hostname(),
@@ -145,27 +143,21 @@ pub fn check_one_gpu_per_rank(
 
 /// [`check_one_gpu_per_rank`]'s exchange, given this rank's host and bus id.
 fn exchange(
-    store: &Store,
-    name: &str,
+    scope: &Scoped,
     rank: usize,
     world_size: usize,
     host: &str,
     bus_id: &str,
 ) -> Result<()> {
-    store.set(
-        &format!("{name}/gpu/{rank}"),
-        seat_value(host, bus_id).as_bytes(),
-    )?;
-    let verdict_key = format!("{name}/gpu/verdict");
+    let gpus = scope.scoped("gpu");
+    gpus.set_at("seat", rank, seat_value(host, bus_id).as_bytes())?;
     if rank == 0 {
-        let mut seats = Vec::with_capacity(world_size);
-        for r in 0..world_size {
-            seats.push(seat_from(r, &store.get(&format!("{name}/gpu/{r}"))?));
-        }
+        let values = gpus.get_at("seat", 0..world_size)?;
+        let seats: Vec<_> = (0..).zip(values).map(|(r, v)| seat_from(r, &v)).collect();
         let verdict = shared_gpu(&seats).map_or(String::new(), |s| s.to_string());
-        store.set(&verdict_key, verdict.as_bytes())?;
+        gpus.set("verdict", verdict.as_bytes())?;
     }
-    let verdict = store.get(&verdict_key)?;
+    let verdict = gpus.get("verdict")?;
     match verdict.is_empty() {
         true => Ok(()),
         false => Err(CommError::Backend(
@@ -255,7 +247,7 @@ mod tests {
     #[test]
     fn the_exchange_names_the_shared_gpu_on_every_rank() {
         // The store exchange without a GPU: seats written as bus_id would write them.
-        use crate::store::StoreServer;
+        use crate::store::{Store, StoreServer};
         use std::time::Duration;
         let server = StoreServer::bind(0, 2).unwrap();
         let port = server.port();
@@ -264,7 +256,7 @@ mod tests {
                 std::thread::spawn(move || {
                     let store = Store::connect("127.0.0.1", port, rank, 2, Duration::from_secs(20))
                         .unwrap();
-                    exchange(&store, "comm7", rank, 2, "box", "0000:01:00.0")
+                    exchange(&store.scoped("comm7"), rank, 2, "box", "0000:01:00.0")
                 })
             })
             .collect();

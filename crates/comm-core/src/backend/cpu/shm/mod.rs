@@ -32,7 +32,7 @@ use super::transport::{
 };
 use super::{Connected, TransportChoice};
 use crate::error::{CommError, Result};
-use crate::store::Store;
+use crate::store::Scoped;
 use crate::streaming::{copy, Stores};
 
 pub use segment::leftovers;
@@ -84,13 +84,12 @@ struct Pair {
 /// pair can, `tcp` goes on alone, with the reason.
 pub(super) fn connect(
     tcp: TcpTransport,
-    store: &Store,
-    prefix: &str,
+    scope: &Scoped,
     choice: TransportChoice,
 ) -> Result<Connected> {
     let (rank, world_size) = (tcp.rank(), tcp.world_size());
-    let prefix = format!("{prefix}/shm");
-    let host = host_ranks(store, &prefix, rank)?;
+    let scope = scope.scoped("shm");
+    let host = host_ranks(&scope, rank)?;
     if choice == TransportChoice::Shm && host.len() < world_size {
         let others = (0..world_size).filter(|r| !host.contains(r));
         return Err(CommError::Usage(format!(
@@ -105,7 +104,7 @@ pub(super) fn connect(
     if peers.is_empty() {
         return Ok(Connected::alone(tcp, "no other rank on this host"));
     }
-    let shared = share_memory(store, &prefix, rank, &peers)?;
+    let shared = share_memory(&scope, rank, &peers)?;
     unmapped_peers(rank, &peers, &shared, choice)?;
     let Shared {
         inbox,
@@ -280,18 +279,20 @@ fn host_key() -> String {
 
 /// The ranks on this rank's host, sorted, itself included: every rank signs in under its host's
 /// key, and after a barrier reads who signed in there.
-fn host_ranks(store: &Store, prefix: &str, rank: usize) -> Result<Vec<usize>> {
-    let host = format!("{prefix}/host/{}", host_key());
-    let seat = store.add(&format!("{host}/count"), 1)? - 1;
-    store.set(&format!("{host}/{seat}"), rank.to_string().as_bytes())?;
-    store.barrier(&format!("{prefix}/hosts"))?;
-    let count = store.add(&format!("{host}/count"), 0)?;
-    let seats: Vec<String> = (0..count).map(|seat| format!("{host}/{seat}")).collect();
+fn host_ranks(scope: &Scoped, rank: usize) -> Result<Vec<usize>> {
+    let host = scope.scoped("host").scoped(&host_key());
+    let seat = host.add("count", 1)? - 1;
+    host.set_at("seat", seat, rank.to_string().as_bytes())?;
+    scope.barrier("hosts")?;
+    let count = host.add("count", 0)?;
     let mut ranks = Vec::new();
-    for value in store.multi_get(&seats.iter().map(String::as_str).collect::<Vec<_>>())? {
+    for value in host.get_at("seat", 0..count)? {
         let peer = String::from_utf8_lossy(&value)
             .parse::<usize>()
-            .map_err(|_| CommError::Peer(format!("a rank signed in under {host} as {value:?}")))?;
+            .map_err(|_| {
+                let host = host.key("seat");
+                CommError::Peer(format!("a rank signed in under {host} as {value:?}"))
+            })?;
         ranks.push(peer);
     }
     ranks.sort_unstable();
@@ -312,85 +313,20 @@ struct Shared {
 
 /// Creates this rank's inbox, maps every peer's, and agrees with each which pairs share memory.
 /// Every rank of the host takes every step, failed or not, so none waits for another in vain.
-fn share_memory(store: &Store, prefix: &str, rank: usize, peers: &[usize]) -> Result<Shared> {
+fn share_memory(scope: &Scoped, rank: usize, peers: &[usize]) -> Result<Shared> {
     let geometry = Geometry::for_peers(peers.len());
-    let mut why = None;
     segment::sweep_stale();
-    let name = Segment::fresh_name(rank);
-    let token = segment::random_token();
-    let own = match Segment::create(&name, geometry.bytes()) {
-        Ok(segment) => {
-            // SAFETY: a fresh mapping of geometry.bytes() bytes, zeroed by the kernel, that no
-            // one else knows of yet; it lives in `segments` as long as the transport.
-            let inbox = unsafe { Inbox::format(segment.base(), geometry, token) };
-            Some((segment, inbox))
-        }
-        Err(e) => {
-            why = Some(format!(
-                "creating {} bytes in /dev/shm failed: {e} (is /dev/shm full or too small? \
-                 docker run --shm-size raises it)",
-                geometry.bytes()
-            ));
-            None
-        }
-    };
+    let (own, mut why) = create_inbox(rank, geometry);
     let published = match &own {
-        Some(_) => format!("{name} {token}"),
-        None => "-".into(),
+        Some((_, _, name_and_token)) => name_and_token.as_str(),
+        None => "-",
     };
-    store.set(&format!("{prefix}/inbox/{rank}"), published.as_bytes())?;
-
-    let mut opened = Vec::new();
-    let inboxes: Vec<String> = peers
-        .iter()
-        .map(|p| format!("{prefix}/inbox/{p}"))
-        .collect();
-    let published = store.multi_get(&inboxes.iter().map(String::as_str).collect::<Vec<_>>())?;
-    for (&peer, value) in peers.iter().zip(published) {
-        let value = String::from_utf8_lossy(&value);
-        let Some((name, token)) = value
-            .split_once(' ')
-            .and_then(|(n, t)| Some((n.to_string(), t.parse::<u64>().ok()?)))
-        else {
-            continue;
-        };
-        match Segment::open(&name, geometry.bytes()) {
-            // SAFETY: the mapping is geometry.bytes() long and kept in `segments`.
-            Ok(segment) => match unsafe { Inbox::check(segment.base(), geometry, token) } {
-                Some(inbox) => opened.push((peer, segment, inbox)),
-                None => {
-                    why = Some(format!(
-                        "rank {peer}'s segment {name} is not the one it made"
-                    ))
-                }
-            },
-            Err(e) => why = Some(format!("opening rank {peer}'s segment {name}: {e}")),
-        }
-    }
-    let ours: Vec<String> = opened.iter().map(|(p, ..)| p.to_string()).collect();
-    store.set(
-        &format!("{prefix}/mapped/{rank}"),
-        ours.join(",").as_bytes(),
-    )?;
-
-    let mut mapped = Vec::new();
+    scope.set_at("inbox", rank, published.as_bytes())?;
+    let opened = open_peer_inboxes(scope, peers, geometry, &mut why)?;
     let mut segments = Vec::new();
-    let keys: Vec<String> = opened
-        .iter()
-        .map(|(peer, ..)| format!("{prefix}/mapped/{peer}"))
-        .collect();
-    let answers = store.multi_get(&keys.iter().map(String::as_str).collect::<Vec<_>>())?;
-    for ((peer, segment, inbox), theirs) in opened.into_iter().zip(answers) {
-        let mapped_us = String::from_utf8_lossy(&theirs)
-            .split(',')
-            .any(|r| r == rank.to_string());
-        if mapped_us {
-            mapped.push((peer, inbox));
-            segments.push(segment);
-        }
-    }
+    let mut mapped = keep_mutual(scope, rank, opened, &mut segments)?;
     // Every peer that maps our inbox has said so above: the name can go.
-    let inbox = own.map(|(mut segment, inbox)| {
+    let inbox = own.map(|(mut segment, inbox, _)| {
         segment.unlink();
         segments.insert(0, segment);
         inbox
@@ -404,6 +340,88 @@ fn share_memory(store: &Store, prefix: &str, rank: usize, peers: &[usize]) -> Re
         segments,
         why,
     })
+}
+
+/// This rank's inbox, formatted under a fresh random token, and what peers need to map it (its
+/// name and the token); or why there is none.
+fn create_inbox(
+    rank: usize,
+    geometry: Geometry,
+) -> (Option<(Segment, Inbox, String)>, Option<String>) {
+    let name = Segment::fresh_name(rank);
+    let token = segment::random_token();
+    match Segment::create(&name, geometry.bytes()) {
+        Ok(segment) => {
+            // SAFETY: a fresh mapping of geometry.bytes() bytes, zeroed by the kernel, that no
+            // one else knows of yet; it lives in `segments` as long as the transport.
+            let inbox = unsafe { Inbox::format(segment.base(), geometry, token) };
+            (Some((segment, inbox, format!("{name} {token}"))), None)
+        }
+        Err(e) => {
+            let why = format!(
+                "creating {} bytes in /dev/shm failed: {e} (is /dev/shm full or too small? \
+                 docker run --shm-size raises it)",
+                geometry.bytes()
+            );
+            (None, Some(why))
+        }
+    }
+}
+
+/// Maps every peer's published inbox whose stamp matches its token; the last failure in `why`.
+fn open_peer_inboxes(
+    scope: &Scoped,
+    peers: &[usize],
+    geometry: Geometry,
+    why: &mut Option<String>,
+) -> Result<Vec<(usize, Segment, Inbox)>> {
+    let mut opened = Vec::new();
+    for (&peer, value) in peers.iter().zip(scope.get_at("inbox", peers)?) {
+        let value = String::from_utf8_lossy(&value);
+        let Some((name, token)) = value
+            .split_once(' ')
+            .and_then(|(n, t)| Some((n.to_string(), t.parse::<u64>().ok()?)))
+        else {
+            continue;
+        };
+        match Segment::open(&name, geometry.bytes()) {
+            // SAFETY: the mapping is geometry.bytes() long and kept in `segments`.
+            Ok(segment) => match unsafe { Inbox::check(segment.base(), geometry, token) } {
+                Some(inbox) => opened.push((peer, segment, inbox)),
+                None => {
+                    *why = Some(format!(
+                        "rank {peer}'s segment {name} is not the one it made"
+                    ))
+                }
+            },
+            Err(e) => *why = Some(format!("opening rank {peer}'s segment {name}: {e}")),
+        }
+    }
+    Ok(opened)
+}
+
+/// Says which peers this rank mapped, and keeps those that mapped it too (their mappings go to
+/// `segments`): a pair shares memory only when both sides can.
+fn keep_mutual(
+    scope: &Scoped,
+    rank: usize,
+    opened: Vec<(usize, Segment, Inbox)>,
+    segments: &mut Vec<Segment>,
+) -> Result<Vec<(usize, Inbox)>> {
+    let ours: Vec<String> = opened.iter().map(|(p, ..)| p.to_string()).collect();
+    scope.set_at("mapped", rank, ours.join(",").as_bytes())?;
+    let answers = scope.get_at("mapped", opened.iter().map(|(peer, ..)| peer))?;
+    let mut mapped = Vec::new();
+    for ((peer, segment, inbox), theirs) in opened.into_iter().zip(answers) {
+        let mapped_us = String::from_utf8_lossy(&theirs)
+            .split(',')
+            .any(|r| r == rank.to_string());
+        if mapped_us {
+            mapped.push((peer, inbox));
+            segments.push(segment);
+        }
+    }
+    Ok(mapped)
 }
 
 impl Transport for ShmTcpTransport {
