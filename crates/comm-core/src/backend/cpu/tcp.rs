@@ -567,6 +567,47 @@ impl Pending {
     }
 }
 
+/// Moves every connection waiting in the listener's backlog to `pending` (the oldest dropped
+/// past [`MAX_PENDING`]); whether there was any.
+fn take_new_connections(listener: &TcpListener, pending: &mut Vec<Pending>) -> bool {
+    let mut took = false;
+    // Until nobody else waits; an error (the connection went away before it was accepted, or the
+    // process is out of descriptors while strangers hold them until their grace ends) leaves
+    // real peers in the backlog, and the deadline bounds the wait.
+    while let Ok((stream, from)) = listener.accept() {
+        took = true;
+        if stream.set_nonblocking(true).is_err() {
+            continue;
+        }
+        if pending.len() >= MAX_PENDING {
+            pending.remove(0);
+        }
+        pending.push(Pending {
+            stream,
+            from,
+            since: Instant::now(),
+            buf: Vec::new(),
+        });
+    }
+    took
+}
+
+/// The timeout of a rank whose higher ranks did not all connect, naming those that did not.
+fn never_connected(rank: usize, accepted: &[Option<TcpStream>], timeout: Duration) -> CommError {
+    let waiting: Vec<usize> = (rank + 1..accepted.len())
+        .filter(|&p| accepted[p].is_none())
+        .collect();
+    CommError::Timeout {
+        what: format!(
+            "ranks {} to connect to rank {rank}",
+            crate::error::rank_list(waiting.iter().copied())
+        ),
+        timeout,
+        detail: String::new(),
+        missing: waiting,
+    }
+}
+
 /// Accepts every higher rank, reading hellos side by side: the streams, by rank.
 fn accept_peers(
     listener: &TcpListener,
@@ -586,25 +627,7 @@ fn accept_peers(
         if failed.load(Ordering::SeqCst) {
             return Err(None);
         }
-        let mut busy = false;
-        // Until nobody else waits; an error (the connection went away before it was accepted,
-        // or the process is out of descriptors while strangers hold them until their grace
-        // ends) leaves real peers in the backlog, and the deadline bounds the wait.
-        while let Ok((stream, from)) = listener.accept() {
-            busy = true;
-            if stream.set_nonblocking(true).is_err() {
-                continue;
-            }
-            if pending.len() >= MAX_PENDING {
-                pending.remove(0);
-            }
-            pending.push(Pending {
-                stream,
-                from,
-                since: Instant::now(),
-                buf: Vec::new(),
-            });
-        }
+        let mut busy = take_new_connections(listener, &mut pending);
         let mut i = 0;
         while i < pending.len() {
             match pending[i].poll() {
@@ -628,18 +651,7 @@ fn accept_peers(
             }
         }
         if missing > 0 && deadline.passed() {
-            let waiting: Vec<usize> = (rank + 1..world_size)
-                .filter(|&p| accepted[p].is_none())
-                .collect();
-            return Err(Some(CommError::Timeout {
-                what: format!(
-                    "ranks {} to connect to rank {rank}",
-                    crate::error::rank_list(waiting.iter().copied())
-                ),
-                timeout,
-                detail: String::new(),
-                missing: waiting,
-            }));
+            return Err(Some(never_connected(rank, &accepted, timeout)));
         }
         if !busy {
             std::thread::sleep(Duration::from_millis(1));
