@@ -373,18 +373,7 @@ fn spawn_job(
         "--child-backend".into(),
         choice_name(choice).into(),
     ]);
-    let plan = SpawnPlan {
-        program,
-        args: child_args,
-        nproc_per_node: ws,
-        nnodes: 1,
-        node_rank: 0,
-        master_addr: "127.0.0.1".into(),
-        master_port: spawn::free_port()?,
-        prefix_output: false,
-        grace: Duration::from_secs(3),
-        run_id: Some(comm_core::topology::fresh_run_id()),
-    };
+    let plan = SpawnPlan::local(program, child_args, ws)?;
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let follower = s.spawn(|| follow(events, &stop, printer));

@@ -164,18 +164,7 @@ fn spawn_ranks(args: &LaunchArgs) -> i32 {
         };
         let program = std::env::current_exe()
             .map_err(|e| CommError::io("cannot find this program to start its ranks", e))?;
-        Ok(SpawnPlan {
-            program,
-            args: std::env::args_os().skip(1).collect(),
-            nproc_per_node: nproc,
-            nnodes: 1,
-            node_rank: 0,
-            master_addr: "127.0.0.1".into(),
-            master_port: spawn::free_port()?,
-            prefix_output: false,
-            grace: Duration::from_secs(3),
-            run_id: Some(crate::topology::fresh_run_id()),
-        })
+        SpawnPlan::local(program, std::env::args_os().skip(1).collect(), nproc)
     })();
     let plan = match plan {
         Ok(plan) => plan,

@@ -143,6 +143,23 @@ pub(super) fn check(plan: &SpawnPlan) -> Result<usize> {
 }
 
 impl SpawnPlan {
+    /// `nproc` ranks of `program args` on this machine alone, at a free port, under a fresh run
+    /// id: how a program starts its own ranks (self-spawn, comm-bench's runs).
+    pub fn local(program: PathBuf, args: Vec<OsString>, nproc: usize) -> Result<SpawnPlan> {
+        Ok(SpawnPlan {
+            program,
+            args,
+            nproc_per_node: nproc,
+            nnodes: 1,
+            node_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: free_port()?,
+            prefix_output: false,
+            grace: Duration::from_secs(3),
+            run_id: Some(crate::topology::fresh_run_id()),
+        })
+    }
+
     /// The job's rank of this node's `local_rank`.
     pub(super) fn rank(&self, local_rank: usize) -> usize {
         self.node_rank * self.nproc_per_node + local_rank
