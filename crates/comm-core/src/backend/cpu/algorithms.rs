@@ -209,7 +209,7 @@ pub fn all_reduce<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp) ->
         return Ok(());
     }
     if std::mem::size_of_val(buf) * (n - 1) <= DIRECT_ALL_REDUCE_BYTES {
-        return direct_all_reduce(t, buf, op);
+        return direct_all_reduce(t, None, buf, op);
     }
     let blocks = nearly_equal_blocks(buf.len(), n);
     ring_reduce_scatter(t, Partials::InPlace(buf), op, &blocks)?;
@@ -226,9 +226,12 @@ pub fn all_reduce_into<T: Element>(
 ) -> Result<()> {
     let _call = CallScope::new(t);
     let n = t.world_size();
-    if n == 1 || std::mem::size_of_val(send) * (n - 1) <= DIRECT_ALL_REDUCE_BYTES {
+    if n == 1 {
         recv.copy_from_slice(send);
         return all_reduce(t, recv, op);
+    }
+    if std::mem::size_of_val(send) * (n - 1) <= DIRECT_ALL_REDUCE_BYTES {
+        return direct_all_reduce(t, Some(send), recv, op);
     }
     let blocks = nearly_equal_blocks(send.len(), n);
     let partials = Partials::Beside {
@@ -240,21 +243,31 @@ pub fn all_reduce_into<T: Element>(
     ring_all_gather(t, recv, &blocks)
 }
 
-/// Every rank sends its buffer to every other, then reduces all n in rank order.
-fn direct_all_reduce<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp) -> Result<()> {
-    let (n, rank) = (t.world_size(), t.rank());
-    let mut all: Vec<Vec<T>> = (0..n).map(|_| vec![T::default(); buf.len()]).collect();
-    for step in 1..n {
-        let (to, from) = ((rank + step) % n, (rank + n - step) % n);
-        t.send_recv(to, cast_slice(buf), from, cast_slice_mut(&mut all[from]))?;
-    }
-    all[rank].copy_from_slice(buf);
-    buf.copy_from_slice(&all[0]);
-    for other in &all[1..] {
-        dtype::reduce_into(op, buf, other);
-    }
-    finish(op, buf, n);
-    Ok(())
+/// Every rank sends its input (`send`, or in place `recv`) to every other, then reduces all n in
+/// rank order into `recv` (identical bits everywhere). The n inputs sit in the thread's scratch:
+/// no allocation per call, whose pages the allocator would hand back and fault in again.
+fn direct_all_reduce<T: Element>(
+    t: &dyn Transport,
+    send: Option<&[T]>,
+    recv: &mut [T],
+    op: ReduceOp,
+) -> Result<()> {
+    let (n, rank, len) = (t.world_size(), t.rank(), recv.len());
+    with_scratch(n * len, |all: &mut [T]| {
+        let block = |r: usize| r * len..(r + 1) * len;
+        all[block(rank)].copy_from_slice(send.unwrap_or(recv));
+        for step in 1..n {
+            let (to, from) = ((rank + step) % n, (rank + n - step) % n);
+            let (mine, theirs) = split_pair(all, block(rank), block(from));
+            t.send_recv(to, cast_slice(mine), from, cast_slice_mut(theirs))?;
+        }
+        recv.copy_from_slice(&all[block(0)]);
+        for r in 1..n {
+            dtype::reduce_into(op, recv, &all[block(r)]);
+        }
+        finish(op, recv, n);
+        Ok(())
+    })
 }
 
 // ANCHOR: ring
