@@ -136,8 +136,8 @@ pub struct BenchArgs {
     #[arg(long, value_enum)]
     pub preset: Option<Preset>,
 
-    /// Collectives to time, comma-separated, or "all": all_reduce, all_gather, reduce_scatter,
-    /// broadcast, reduce, sendrecv, alltoall [default: all_reduce].
+    /// Collectives to time, comma-separated, or "all": nccl-tests' names, listed under BUS
+    /// FACTORS below (all_reduce, all_gather, alltoall, gather, ...) [default: all_reduce].
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub collectives: Option<Vec<String>>,
 

@@ -251,15 +251,16 @@ fn report_md(sources: &str, rows: &[Row], sections: &[Section]) -> String {
     let mut md = String::from("# comm-bench report\n\n");
     let _ = writeln!(md, "From {sources}.\n");
     md.push_str(&machines_table(rows));
-    md.push_str(
+    let _ = write!(
+        md,
         "\nTime: nccl-tests' time, per call: each rank's host-clock time over the timed loop (as the \
          row's `blocking`, nccl-tests' -z, says), combined over ranks as its `average` (nccl-tests' \
          -a) says: 0 rank 0's, 1 the mean, 2 the fastest rank's, 3 the slowest's; rows written \
          before comm-bench had -a hold the median over iterations of the slowest rank. median, min \
          and max: over iterations, each the slowest rank's. algbw = size / time; busbw = \
-         algbw × 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter, alltoall), 1 \
-         (broadcast, reduce, sendrecv). Plots show out-of-place results where they were measured, else \
-         in-place.\n",
+         algbw × the collective's bus factor ({}). Plots show out-of-place results where they \
+         were measured, else in-place.\n",
+        bus_rules()
     );
     for s in sections {
         let _ = writeln!(md, "\n## {}\n", s.name);
