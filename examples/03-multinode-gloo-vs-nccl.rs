@@ -13,6 +13,7 @@
 //! slowest rank's (comm_core::timing).
 
 use clap::Parser;
+use comm_core::launch::announced;
 use comm_core::timing::{busbw, time_iterations};
 use comm_core::{BackendChoice, BackendKind, Collective, Communicator, LaunchArgs, ReduceOp};
 use comm_core::{Result, Topology};
@@ -126,7 +127,7 @@ fn main() -> std::process::ExitCode {
         let choice = args.launch.backend;
         let cpu = match choice {
             BackendChoice::Nccl => None,
-            _ => Some(job.communicator(BackendChoice::Cpu)?),
+            _ => Some(announced(job.communicator(BackendChoice::Cpu)?)),
         };
         let (gpu, skipped) = match choice {
             BackendChoice::Cpu => (None, None),

@@ -448,10 +448,13 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
         let launch = launch_args(args, backends[0]);
         let job = Job::rendezvous(&topology, launch.backend, launch.timeout()?)?
             .with_transport(launch.transport);
+        if rank == 0 {
+            println!("{}", job.selection());
+        }
         for (i, &choice) in backends.iter().enumerate() {
             // Every backend over the same ranks and store: the first must work, the others are
             // skipped where this machine cannot run them.
-            match job.communicator(choice) {
+            match job.communicator(choice).map(comm_core::launch::announced) {
                 Ok(comm) => {
                     if let Err(e) = measure_all(&comm, plan, &topology, &mut sink) {
                         // Reported first (the root cause's record is the earliest), then the

@@ -123,6 +123,8 @@ pub struct Communicator {
     store: Option<Arc<Store>>,
     /// Names this communicator's keys in the store, so several can share one.
     name: String,
+    /// What moves a CPU communicator's bytes and why, as programs print it.
+    transport_line: Option<String>,
     grids: AtomicU64,
 }
 
@@ -138,6 +140,7 @@ impl Communicator {
             engine: Engine::Cpu(transport),
             store: None,
             name: String::new(),
+            transport_line: None,
             grids: AtomicU64::new(0),
         }
     }
@@ -158,8 +161,15 @@ impl Communicator {
             engine: Engine::Nccl(backend),
             store: None,
             name: String::new(),
+            transport_line: None,
             grids: AtomicU64::new(0),
         }
+    }
+
+    /// Says what moves its bytes and why (see [`transport_line`](Self::transport_line)).
+    pub(crate) fn with_transport_line(mut self, line: String) -> Communicator {
+        self.transport_line = Some(line);
+        self
     }
 
     /// Gives the communicator the rendezvous store for its grids, its keys under `name`.
@@ -204,6 +214,13 @@ impl Communicator {
             Engine::Cpu(t) => Some(t.name()),
             Engine::Nccl(_) => None,
         }
+    }
+
+    /// `transport: shm (shared memory between the 4 ranks of this host)`: what moves a CPU
+    /// communicator's bytes and why, for the program to print (rank 0 does, after the backend
+    /// line); `None` on NCCL and for communicators built without a store.
+    pub fn transport_line(&self) -> Option<&str> {
+        self.transport_line.as_deref()
     }
 
     /// The rendezvous store, when this communicator was built through one.

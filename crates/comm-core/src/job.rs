@@ -46,9 +46,6 @@ impl Job {
     ) -> Result<Job> {
         let selection = backend::select(choice)?;
         let (rank, world_size) = (topology.rank, topology.world_size);
-        if rank == 0 {
-            println!("{selection}");
-        }
         let _range = crate::profile::range(|| "rendezvous".into());
         let server = match (rank, topology.store) {
             (0, StoreHost::RankZero) => Some(StoreServer::bind_job(
@@ -139,11 +136,13 @@ impl Job {
                 let choice = self.transport;
                 let cpu = scope.scoped("cpu");
                 let connected = cpu::connect(&cpu, rank, world_size, run_id, choice, ip)?;
-                let transport = connected.transport;
-                if rank == 0 {
-                    println!("transport: {} ({})", transport.name(), connected.why);
-                }
-                Communicator::cpu(transport, topology.local_rank)
+                let line = format!(
+                    "transport: {} ({})",
+                    connected.transport.name(),
+                    connected.why
+                );
+                Communicator::cpu(connected.transport, topology.local_rank)
+                    .with_transport_line(line)
             }
             BackendKind::Nccl => {
                 let ordinal = nccl::device_for(topology.local_rank, selection.gpus)?;

@@ -79,11 +79,20 @@ pub fn run_as(
     body: impl FnOnce(&Communicator) -> Result<()>,
 ) -> i32 {
     run_job(args, given, |job| {
-        let comm = job.communicator(args.backend)?;
+        let comm = announced(job.communicator(args.backend)?);
         body(&comm)?;
         // Every rank is done with it: NCCL's clean end (barrier, finalize, destroy).
         comm.close()
     })
+}
+
+/// `comm`, once rank 0 has printed its transport line (CPU communicators): what a program
+/// prints after the backend line, before its own output.
+pub fn announced(comm: Communicator) -> Communicator {
+    if let (0, Some(line)) = (comm.rank(), comm.transport_line()) {
+        println!("{line}");
+    }
+    comm
 }
 
 /// Like [`run_as`], but hands the body the [`Job`], from which it builds its communicators
@@ -118,6 +127,9 @@ pub fn run_job(
                 Ok(job) => job.with_transport(args.transport),
                 Err(e) => return crate::failure_record::report_failure(rank, &e),
             };
+            if rank == 0 {
+                println!("{}", job.selection());
+            }
             match body(&job) {
                 Ok(()) => match job.finish() {
                     Ok(()) => 0,
