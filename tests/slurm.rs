@@ -103,6 +103,33 @@ fn jobs() -> Vec<Job> {
             args: &["--len", "6"],
             check: |c| allreduced(&c.output, 4, 6, ""),
         },
+        Job {
+            name: "04-allgather",
+            script: "slurm/08-allgather.sbatch",
+            must_fail: false,
+            needs: &["04-allgather"],
+            options: &[],
+            env: &[],
+            args: &["--len", "2"],
+            check: |c| {
+                let after = grid(&c.output, "After all-gather:", "");
+                let gathered = ["1", "1", "2", "2", "3", "3", "4", "4"];
+                assert!(after.iter().all(|row| row == &gathered), "{after:?}");
+            },
+        },
+        Job {
+            name: "05-reduce-scatter",
+            script: "slurm/09-reduce-scatter.sbatch",
+            must_fail: false,
+            needs: &["05-reduce-scatter"],
+            options: &[],
+            env: &[],
+            args: &["--len", "1"],
+            check: |c| {
+                let after = grid(&c.output, "After reduce-scatter (block r on rank r):", "");
+                expect_cells(&after, 4, 1, |r| (4 * (r + 1)).to_string());
+            },
+        },
         // Multi-node, srun starting every rank: 2 nodes x 2 tasks.
         Job {
             name: "02-allreduce-2x2-srun",

@@ -253,6 +253,12 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = TransportChoice::Auto)]
     pub transport: TransportChoice,
 
+    /// The CPU backend's algorithm, where a collective has one of that name (all_reduce: ring or
+    /// direct; broadcast: tree or chain), as NCCL_ALGO chooses NCCL's; the header names it
+    /// [default: by size].
+    #[arg(long, value_enum, value_name = "NAME")]
+    pub algo: Option<comm_core::backend::cpu::Algo>,
+
     /// Seconds any wait may take (rendezvous, a collective) before the run fails.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
     pub timeout: f64,

@@ -169,6 +169,8 @@ fn launch_args(args: &BenchArgs, backend: BackendChoice) -> LaunchArgs {
         backend,
         transport: args.transport,
         timeout: args.timeout,
+        algo: args.algo,
+        steps: false,
     }
 }
 
@@ -447,7 +449,8 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
     let result = (|| -> comm_core::Result<()> {
         let launch = launch_args(args, backends[0]);
         let job = Job::rendezvous(&topology, launch.backend, launch.timeout()?)?
-            .with_transport(launch.transport);
+            .with_transport(launch.transport)
+            .with_algo(launch.algo);
         if rank == 0 {
             println!("{}", job.selection());
         }
@@ -511,7 +514,7 @@ fn describe(comm: &Communicator) -> (String, String) {
         Device::Cuda(ordinal) => {
             let version = cudarc::nccl::result::get_nccl_version().map_or_else(
                 |_| "NCCL (version unknown)".to_string(),
-                |v| format!("NCCL {}.{}.{}", v / 10000, (v / 100) % 100, v % 100),
+                |v| format!("NCCL {}", comm_core::backend::nccl::dotted_version(v)),
             );
             let gpu = cudarc::driver::CudaContext::new(ordinal)
                 .and_then(|c| c.name())
@@ -520,8 +523,10 @@ fn describe(comm: &Communicator) -> (String, String) {
         }
         Device::Cpu(_) => (
             format!(
-                "{} transport (comm-core {})",
+                "{} transport{} (comm-core {})",
                 comm.transport().unwrap_or("?"),
+                comm.algo()
+                    .map_or_else(String::new, |a| format!(", {} algorithm", a.name())),
                 env!("CARGO_PKG_VERSION")
             ),
             record::cpu_model(),

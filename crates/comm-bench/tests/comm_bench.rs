@@ -596,3 +596,46 @@ fn output_closed_early_ends_the_run_without_a_panic() {
     assert_eq!(output.status.code(), Some(141), "128 + SIGPIPE:\n{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `--algo`, as docs/src/watching.md runs it: the header names the algorithm and every row of
+/// both is checked (#wrong 0, in place and out of place).
+#[test]
+fn algo_picks_the_cpu_algorithm_and_the_header_names_it() {
+    let mut checked = 0;
+    for algo in ["ring", "direct"] {
+        let args = [
+            "--collectives",
+            "all_reduce",
+            "--world-sizes",
+            "4",
+            "-b",
+            "64K",
+            "-e",
+            "4M",
+            "-f",
+            "4",
+            "--algo",
+            algo,
+        ];
+        let (out, stdout, stderr) = run(&args);
+        assert!(out.status.success(), "{stderr}");
+        if !stdout.contains("backend cpu") {
+            return; // NCCL ran: --algo is the CPU backend's
+        }
+        assert!(stdout.contains(&format!("{algo} algorithm")), "{stdout}");
+        let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
+        let sizes: Vec<&str> = rows
+            .iter()
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert!(sizes.contains(&"4194304"), "{stdout}");
+        for row in &rows {
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            if cols.len() == 13 {
+                assert_eq!((cols[8], cols[12]), ("0", "0"), "#wrong in {row}");
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 8, "4 sizes for each algorithm");
+}

@@ -23,8 +23,8 @@ fn main() {
     let args = LaunchArgs {
         nproc_per_node: Some(nproc),
         backend: BackendChoice::Cpu,
-        transport: comm_core::backend::cpu::TransportChoice::Auto,
         timeout: 120.0,
+        ..LaunchArgs::default()
     };
     let code = run_to_code(&args, |comm| {
         let n = comm.world_size();

@@ -8,12 +8,13 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 
-use crate::backend::cpu::{algorithms, Transport};
+use crate::backend::cpu::{algorithms, Algo, Transport};
 use crate::backend::nccl::{GroupSafe, NcclBackend};
 use crate::backend::{BackendKind, Device};
 use crate::collective::{Call, Collective};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{CommError, Result};
+use crate::steps;
 use crate::store::Store;
 
 /// Elements on the communicator's device: host memory for the CPU backend, GPU memory for NCCL.
@@ -125,6 +126,12 @@ pub struct Communicator {
     name: String,
     /// What moves a CPU communicator's bytes and why, as programs print it.
     transport_line: Option<String>,
+    /// The CPU algorithm asked for, where a collective has it (`--algo`).
+    algo: Option<Algo>,
+    /// Show every rank's buffer after each step of an algorithm (`--steps`).
+    steps: bool,
+    /// Collective calls made while showing steps: their keys in the store.
+    watched_calls: AtomicU64,
     grids: AtomicU64,
 }
 
@@ -141,6 +148,9 @@ impl Communicator {
             store: None,
             name: String::new(),
             transport_line: None,
+            algo: None,
+            steps: false,
+            watched_calls: AtomicU64::new(0),
             grids: AtomicU64::new(0),
         }
     }
@@ -162,8 +172,26 @@ impl Communicator {
             store: None,
             name: String::new(),
             transport_line: None,
+            algo: None,
+            steps: false,
+            watched_calls: AtomicU64::new(0),
             grids: AtomicU64::new(0),
         }
+    }
+
+    /// Runs the CPU algorithm `algo` names wherever a collective has one of that name (all_reduce:
+    /// ring or direct; broadcast: tree or chain); `None`: by size, the default.
+    pub fn with_algo(mut self, algo: Option<Algo>) -> Communicator {
+        self.algo = algo;
+        self
+    }
+
+    /// Shows (`true`) every rank's buffer after each step of the CPU algorithms, as grids printed
+    /// by rank 0; on NCCL, whose steps run inside one kernel, rank 0 says so once per call. Needs
+    /// a communicator built by a Job (the rows travel through the store).
+    pub fn with_steps(mut self, steps: bool) -> Communicator {
+        self.steps = steps;
+        self
     }
 
     /// Says what moves its bytes and why (see [`transport_line`](Self::transport_line)).
@@ -214,6 +242,11 @@ impl Communicator {
             Engine::Cpu(t) => Some(t.name()),
             Engine::Nccl(_) => None,
         }
+    }
+
+    /// The CPU algorithm asked for (`--algo`), if any.
+    pub fn algo(&self) -> Option<Algo> {
+        self.algo
     }
 
     /// `transport: shm (shared memory between the 4 ranks of this host)`: what moves a CPU
@@ -365,16 +398,44 @@ impl Communicator {
             self.world_size,
         )?;
         match &self.engine {
-            Engine::Cpu(t) => algorithms::run(
-                t.as_ref(),
-                &checked,
-                send.map(host).transpose()?,
-                host_mut(recv)?,
-            ),
+            Engine::Cpu(t) => {
+                let send = send.map(host).transpose()?;
+                let recv = host_mut(recv)?;
+                let algo = self.algo;
+                let mut run = move || algorithms::run(t.as_ref(), &checked, send, recv, algo);
+                match self.step_grids::<T>() {
+                    Some(show) => steps::watching(show, run),
+                    None => run(),
+                }
+            }
             Engine::Nccl(nccl) => {
+                if self.steps && self.rank == 0 {
+                    println!(
+                        "({}: on NCCL every step runs inside one kernel)",
+                        call.collective
+                    );
+                }
                 nccl.collective(&checked, send.map(device).transpose()?, device_mut(recv)?)
             }
         }
+    }
+
+    /// With `--steps`, what shows each step of the next call: this rank's buffer goes to rank 0
+    /// through the store, as a grid's row, under `comm<n>/steps/<call>/<step>`.
+    fn step_grids<T: Element>(&self) -> Option<steps::Show> {
+        let store = self.store.clone().filter(|_| self.steps)?;
+        let call = self.watched_calls.fetch_add(1, Ordering::SeqCst);
+        let scope = format!("{}/steps/{call}", self.name);
+        let (rank, world_size) = (self.rank, self.world_size);
+        let step = std::cell::Cell::new(0u64);
+        Some(Box::new(move |title: &str, bytes: &[u8]| {
+            let mut values = vec![T::default(); bytes.len() / std::mem::size_of::<T>()];
+            bytemuck::cast_slice_mut(&mut values).copy_from_slice(bytes);
+            let row = crate::grid::Row::of(&values);
+            let scope = store.scoped(&scope);
+            let scope = scope.scoped(&step.replace(step.get() + 1).to_string());
+            crate::grid::share(&scope, rank, world_size, title, row)
+        }))
     }
 
     /// Copies the root's buffer to every rank.
@@ -521,22 +582,9 @@ impl Communicator {
         })?;
         let row = crate::grid::Row::of(&self.to_host(buf)?);
         // This grid's rows, under comm<n>/grid/<step>/row/<rank>.
-        let step = store
-            .scoped(&self.name)
-            .scoped("grid")
-            .scoped(&step.to_string());
-        if self.rank != 0 {
-            return step.set_at("row", self.rank, &row.encode());
-        }
-        let mut rows = vec![row];
-        for (rank, bytes) in (1..).zip(step.get_at("row", 1..self.world_size)?) {
-            rows.push(crate::grid::Row::decode(&bytes).ok_or_else(|| {
-                CommError::Peer(format!("rank {rank} sent a malformed grid row"))
-            })?);
-        }
-        step.delete_at("row", 1..self.world_size)?;
-        crate::grid::print(title, &rows);
-        Ok(())
+        let scope = store.scoped(&self.name).scoped("grid");
+        let scope = scope.scoped(&step.to_string());
+        crate::grid::share(&scope, self.rank, self.world_size, title, row)
     }
 
     fn check_peer(&self, peer: usize, what: &str) -> Result<()> {

@@ -14,6 +14,8 @@ use prettytable::format::{FormatBuilder, LinePosition, LineSeparator};
 use prettytable::{Cell, Table};
 
 use crate::dtype::Element;
+use crate::error::{CommError, Result};
+use crate::store::Scoped;
 
 /// Buffers longer than this show only their ends.
 pub const MAX_CELLS: usize = 8;
@@ -118,6 +120,26 @@ pub fn render(title: &str, rows: &[Row]) -> String {
 }
 
 /// Prints the grid in one write, so no other output lands inside it.
+/// One grid of a group of ranks, through the store in `scope`: every rank hands in its `row`,
+/// rank 0 gathers them under `row/<rank>`, prints the grid under `title` and deletes the rows.
+/// Every rank of the group calls it; only rank 0 waits.
+pub fn share(scope: &Scoped, rank: usize, world_size: usize, title: &str, row: Row) -> Result<()> {
+    if rank != 0 {
+        return scope.set_at("row", rank, &row.encode());
+    }
+    let mut rows = vec![row];
+    for (rank, bytes) in (1..).zip(scope.get_at("row", 1..world_size)?) {
+        rows.push(
+            Row::decode(&bytes)
+                .ok_or_else(|| CommError::Peer(format!("rank {rank} sent a malformed grid row")))?,
+        );
+    }
+    scope.delete_at("row", 1..world_size)?;
+    print(title, &rows);
+    Ok(())
+}
+
+/// Prints a grid of `rows` (rank 0's first) under `title` on stdout.
 pub fn print(title: &str, rows: &[Row]) {
     let text = render(title, rows);
     let mut stdout = std::io::stdout().lock();

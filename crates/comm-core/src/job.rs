@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::cpu::{self, TransportChoice};
+use crate::backend::cpu::{self, Algo, TransportChoice};
 use crate::backend::nccl::{self, NcclBackend};
 use crate::backend::{self, BackendChoice, BackendKind, Selection};
 use crate::comm::Communicator;
@@ -24,6 +24,10 @@ pub struct Job {
     choice: BackendChoice,
     /// How CPU communicators move bytes (`--transport`).
     transport: TransportChoice,
+    /// The CPU algorithm asked for (`--algo`).
+    algo: Option<Algo>,
+    /// Whether communicators show their steps (`--steps`).
+    steps: bool,
     store: Arc<Store>,
     /// Rank 0 serves the store for everyone until the job finishes.
     server: Option<Arc<StoreServer>>,
@@ -72,15 +76,29 @@ impl Job {
             selection,
             choice,
             transport: TransportChoice::Auto,
+            algo: None,
+            steps: false,
             store: Arc::new(store),
             server,
             built: AtomicU64::new(0),
         })
     }
 
-    /// How CPU communicators built from now on move bytes (auto unless set).
+    /// How CPU communicators move bytes (`--transport`).
     pub fn with_transport(mut self, transport: TransportChoice) -> Job {
         self.transport = transport;
+        self
+    }
+
+    /// The CPU algorithm communicators run where a collective has one of that name (`--algo`).
+    pub fn with_algo(mut self, algo: Option<Algo>) -> Job {
+        self.algo = algo;
+        self
+    }
+
+    /// Whether communicators show every step of their CPU algorithms (`--steps`).
+    pub fn with_steps(mut self, steps: bool) -> Job {
+        self.steps = steps;
         self
     }
 
@@ -154,7 +172,8 @@ impl Job {
                 Communicator::nccl(backend, rank, world_size, topology.local_rank, ordinal)
             }
         };
-        Ok(comm.with_store(self.store.clone(), &name))
+        let comm = comm.with_store(self.store.clone(), &name);
+        Ok(comm.with_algo(self.algo).with_steps(self.steps))
     }
 
     /// Ends the job for every rank because this one failed with `error`: the others stop at once

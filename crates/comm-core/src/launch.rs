@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::backend::cpu::TransportChoice;
+use crate::backend::cpu::{Algo, TransportChoice};
 use crate::backend::{self, BackendChoice};
 use crate::comm::Communicator;
 use crate::error::{CommError, Result};
@@ -36,6 +36,30 @@ pub struct LaunchArgs {
     /// Seconds any wait may take (rendezvous, a collective) before the job fails.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
     pub timeout: f64,
+
+    /// The CPU backend's algorithm, where a collective has one of that name (all_reduce: ring or
+    /// direct; broadcast: tree or chain), as NCCL_ALGO chooses NCCL's [default: by size].
+    #[arg(long, value_enum, value_name = "NAME")]
+    pub algo: Option<Algo>,
+
+    /// Show every rank's buffer after each step of the algorithm, as grids (CPU backend; NCCL
+    /// runs the steps inside one kernel, so only before and after show).
+    #[arg(long)]
+    pub steps: bool,
+}
+
+impl Default for LaunchArgs {
+    /// What the flags default to.
+    fn default() -> LaunchArgs {
+        LaunchArgs {
+            nproc_per_node: None,
+            backend: BackendChoice::Auto,
+            transport: TransportChoice::Auto,
+            timeout: 300.0,
+            algo: None,
+            steps: false,
+        }
+    }
 }
 
 /// The longest `--timeout` honoured (about 31 years): longer ones wait this long, which is
@@ -124,7 +148,10 @@ pub fn run_job(
                 .timeout()
                 .and_then(|timeout| Job::rendezvous(&topology, args.backend, timeout));
             let job = match job {
-                Ok(job) => job.with_transport(args.transport),
+                Ok(job) => job
+                    .with_transport(args.transport)
+                    .with_algo(args.algo)
+                    .with_steps(args.steps),
                 Err(e) => return crate::failure_record::report_failure(rank, &e),
             };
             if rank == 0 {

@@ -25,6 +25,7 @@ pub mod launch;
 pub mod memory;
 pub mod profile;
 pub mod spawn;
+pub mod steps;
 pub mod stopwatch;
 pub mod store;
 pub mod streaming;

@@ -20,8 +20,8 @@ fn as_rank(scenario: &str) -> ! {
     let args = LaunchArgs {
         nproc_per_node: Some(3),
         backend: BackendChoice::Cpu,
-        transport: comm_core::backend::cpu::TransportChoice::Auto,
         timeout: std::env::var("JOB_TIMEOUT").unwrap().parse().unwrap(),
+        ..LaunchArgs::default()
     };
     let code = run_to_code(&args, |comm| {
         let dir = std::env::var("PID_DIR").unwrap();

@@ -389,8 +389,8 @@ fn huge_timeout_job() -> ! {
     let args = LaunchArgs {
         nproc_per_node: Some(2),
         backend: BackendChoice::Cpu,
-        transport: comm_core::backend::cpu::TransportChoice::Auto,
         timeout: 1e19,
+        ..LaunchArgs::default()
     };
     let code = run_to_code(&args, |comm| {
         let mut buf = comm.buffer(&[1.0f32; 8])?;
@@ -409,8 +409,8 @@ fn a_timeout_too_long_to_represent_does_not_panic() {
     let args = |timeout: f64| LaunchArgs {
         nproc_per_node: Some(2),
         backend: BackendChoice::Cpu,
-        transport: comm_core::backend::cpu::TransportChoice::Auto,
         timeout,
+        ..LaunchArgs::default()
     };
     assert_eq!(args(1e19).timeout().unwrap(), MAX_TIMEOUT);
     assert_eq!(args(2.5).timeout().unwrap(), Duration::from_millis(2500));

@@ -74,8 +74,8 @@ fn as_rank() -> ! {
     let args = LaunchArgs {
         nproc_per_node: Some(3),
         backend: BackendChoice::Cpu,
-        transport: comm_core::backend::cpu::TransportChoice::Auto,
         timeout: 20.0,
+        ..LaunchArgs::default()
     };
     let code = run_to_code(&args, |comm| {
         if comm.rank() == 1 {

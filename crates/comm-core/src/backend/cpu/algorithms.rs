@@ -24,6 +24,7 @@ use super::transport::{CallScope, Transport, PIECE_BYTES};
 use crate::collective::{Call, Checked, Collective};
 use crate::dtype::{self, finish, reduce_pair, Element, ReduceOp};
 use crate::error::{CommError, Result};
+use crate::steps;
 use crate::streaming::{copy, Stores};
 
 /// Up to this many bytes, latency matters more than bandwidth.
@@ -68,24 +69,55 @@ fn absolute(vrank: usize, root: usize, n: usize) -> usize {
     (vrank + root) % n
 }
 
+/// A CPU algorithm chosen by name (`--algo`), as `NCCL_ALGO` chooses NCCL's. A collective that
+/// has no algorithm of that name, or no choice given, picks by size as it always does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Algo {
+    /// all_reduce: a reduce-scatter then an all-gather around the ring, 2(n-1) steps each
+    /// moving 1/n of the buffer (chosen above 256 KiB).
+    Ring,
+    /// all_reduce: every rank sends its whole buffer to every other and reduces all n, one step
+    /// (chosen up to 256 KiB).
+    Direct,
+    /// broadcast: a binomial tree, log2(n) rounds of whole buffers (chosen up to 64 KiB).
+    Tree,
+    /// broadcast: a pipelined chain, each rank forwarding a segment while the next arrives
+    /// (chosen above 64 KiB).
+    Chain,
+}
+
+impl Algo {
+    /// The name `--algo` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::Ring => "ring",
+            Algo::Direct => "direct",
+            Algo::Tree => "tree",
+            Algo::Chain => "chain",
+        }
+    }
+}
+
 /// Runs one checked call of the collective table on this rank's host slices (`send` `None`: in
-/// place, `recv` is the one buffer): the CPU backend's one dispatch.
+/// place, `recv` is the one buffer), with the algorithm `algo` names where it names one of the
+/// collective's: the CPU backend's one dispatch.
 pub fn run<T: Element>(
     t: &dyn Transport,
     checked: &Checked,
     send: Option<&[T]>,
     recv: &mut [T],
+    algo: Option<Algo>,
 ) -> Result<()> {
     let Call { op, root, .. } = checked.call;
     match (checked.call.collective, send) {
-        (Collective::AllReduce, None) => all_reduce(t, recv, op),
-        (Collective::AllReduce, Some(send)) => all_reduce_into(t, send, recv, op),
+        (Collective::AllReduce, None) => all_reduce(t, recv, op, algo),
+        (Collective::AllReduce, Some(send)) => all_reduce_into(t, send, recv, op, algo),
         (Collective::AllGather, None) => all_gather(t, recv),
         (Collective::AllGather, Some(send)) => all_gather_into(t, send, recv),
         (Collective::ReduceScatter, None) => reduce_scatter(t, recv, op),
         (Collective::ReduceScatter, Some(send)) => reduce_scatter_into(t, send, recv, op),
-        (Collective::Broadcast, None) => broadcast(t, recv, root),
-        (Collective::Broadcast, Some(send)) => broadcast_into(t, send, recv, root),
+        (Collective::Broadcast, None) => broadcast(t, recv, root, algo),
+        (Collective::Broadcast, Some(send)) => broadcast_into(t, send, recv, root, algo),
         (Collective::Reduce, None) => reduce(t, recv, op, root),
         (Collective::Reduce, Some(send)) => reduce_into(t, send, recv, op, root),
         (Collective::SendRecv, Some(send)) => {
@@ -100,14 +132,29 @@ pub fn run<T: Element>(
 }
 
 /// Copies the root's `buf` to every rank: a binomial tree for small messages, a pipelined
-/// chain for large ones.
-pub fn broadcast<T: Element>(t: &dyn Transport, buf: &mut [T], root: usize) -> Result<()> {
+/// chain for large ones, or the one `algo` names.
+pub fn broadcast<T: Element>(
+    t: &dyn Transport,
+    buf: &mut [T],
+    root: usize,
+    algo: Option<Algo>,
+) -> Result<()> {
     let _call = CallScope::new(t);
     let bytes: &mut [u8] = cast_slice_mut(buf);
-    match t.world_size() {
-        1 => Ok(()),
-        _ if bytes.len() <= SMALL_BYTES => tree_broadcast(t, bytes, root),
+    match (t.world_size(), broadcast_algo(algo, bytes.len())) {
+        (1, _) => Ok(()),
+        (_, Algo::Tree) => tree_broadcast(t, bytes, root),
+        _ if steps::watched() => chain_broadcast_in_rounds(t, bytes, root),
         _ => chain_broadcast(t, bytes, root),
+    }
+}
+
+/// The broadcast algorithm that runs: `algo` if it is one, else by size.
+fn broadcast_algo(algo: Option<Algo>, bytes: usize) -> Algo {
+    match algo {
+        Some(chosen @ (Algo::Tree | Algo::Chain)) => chosen,
+        _ if bytes <= SMALL_BYTES => Algo::Tree,
+        _ => Algo::Chain,
     }
 }
 
@@ -119,15 +166,17 @@ pub fn broadcast_into<T: Element>(
     send: &[T],
     recv: &mut [T],
     root: usize,
+    algo: Option<Algo>,
 ) -> Result<()> {
     let _call = CallScope::new(t);
     let n = t.world_size();
     if t.rank() != root {
-        return broadcast(t, recv, root);
+        return broadcast(t, recv, root, algo);
     }
-    if n == 1 || std::mem::size_of_val(send) <= SMALL_BYTES {
+    let tree = broadcast_algo(algo, std::mem::size_of_val(send)) == Algo::Tree;
+    if n == 1 || tree || steps::watched() {
         recv.copy_from_slice(send);
-        return broadcast(t, recv, root);
+        return broadcast(t, recv, root, algo);
     }
     let segment = (SEGMENT_BYTES / std::mem::size_of::<T>()).max(1);
     let next = absolute(1, root, n);
@@ -139,23 +188,71 @@ pub fn broadcast_into<T: Element>(
     Ok(())
 }
 
-/// Binomial tree: in round k every rank that has the data sends it 2^k ranks further.
+/// Binomial tree, in ⌈log2 n⌉ rounds: in each, every rank that holds the buffer sends it half
+/// as far as in the round before (the root first to the rank half the world away), so the ranks
+/// that hold it double every round.
 fn tree_broadcast(t: &dyn Transport, bytes: &mut [u8], root: usize) -> Result<()> {
     let (n, vr) = (t.world_size(), relative(t.rank(), root, t.world_size()));
-    let mut mask = 1;
-    while mask < n {
-        if vr & mask != 0 {
-            t.recv(absolute(vr - mask, root, n), bytes)?;
-            break;
+    let rounds = n.next_power_of_two().trailing_zeros() as usize;
+    for round in 0..rounds {
+        let far = 1 << (rounds - 1 - round);
+        // Ranks at multiples of 2·far hold the buffer; those at an odd multiple of far get it.
+        match vr % (2 * far) {
+            0 if vr + far < n => t.send(absolute(vr + far, root, n), bytes)?,
+            r if r == far => t.recv(absolute(vr - far, root, n), bytes)?,
+            _ => {}
         }
-        mask <<= 1;
+        steps::after(
+            || {
+                format!(
+                    "tree broadcast, round {} of {rounds}: every rank that held the buffer sent \
+                     it {far} rank{} further",
+                    round + 1,
+                    if far == 1 { "" } else { "s" }
+                )
+            },
+            bytes,
+        )?;
     }
-    mask >>= 1;
-    while mask > 0 {
-        if vr + mask < n {
-            t.send(absolute(vr + mask, root, n), bytes)?;
+    Ok(())
+}
+
+/// [`chain_broadcast`] in lock-step rounds, for watching it: in round r rank k passes segment
+/// r-k to rank k+1 while segment r-k+1 arrives from rank k-1, the pipeline the chain runs, one
+/// round at a time.
+fn chain_broadcast_in_rounds(t: &dyn Transport, bytes: &mut [u8], root: usize) -> Result<()> {
+    let (n, vr) = (t.world_size(), relative(t.rank(), root, t.world_size()));
+    let segments = bytes.len().div_ceil(SEGMENT_BYTES).max(1);
+    let len = bytes.len();
+    let segment = |k: usize| k * SEGMENT_BYTES..((k + 1) * SEGMENT_BYTES).min(len);
+    let (next, prev) = (absolute(vr + 1, root, n), absolute(vr + n - 1, root, n));
+    let rounds = segments + n - 2;
+    for round in 0..rounds {
+        let outgoing = round
+            .checked_sub(vr)
+            .filter(|&k| k < segments && vr + 1 < n);
+        let incoming = (round + 1)
+            .checked_sub(vr)
+            .filter(|&k| k < segments && vr > 0);
+        match (outgoing, incoming) {
+            (Some(out), Some(inc)) => {
+                let (data, into) = split_pair(bytes, segment(out), segment(inc));
+                t.send_recv(next, data, prev, into)?
+            }
+            (Some(out), None) => t.send(next, &bytes[segment(out)])?,
+            (None, Some(inc)) => t.recv(prev, &mut bytes[segment(inc)])?,
+            (None, None) => {}
         }
-        mask >>= 1;
+        steps::after(
+            || {
+                format!(
+                    "chain broadcast, round {} of {rounds}: each rank passed the segment it had \
+                     to the next",
+                    round + 1
+                )
+            },
+            bytes,
+        )?;
     }
     Ok(())
 }
@@ -201,14 +298,19 @@ fn chain_broadcast(t: &dyn Transport, bytes: &mut [u8], root: usize) -> Result<(
 
 /// Every rank ends with the reduction of all ranks' `buf`: the direct exchange while little
 /// data moves, else ring reduce-scatter then ring all-gather.
-pub fn all_reduce<T: Element>(t: &dyn Transport, buf: &mut [T], op: ReduceOp) -> Result<()> {
+pub fn all_reduce<T: Element>(
+    t: &dyn Transport,
+    buf: &mut [T],
+    op: ReduceOp,
+    algo: Option<Algo>,
+) -> Result<()> {
     let _call = CallScope::new(t);
     let n = t.world_size();
     if n == 1 {
         finish(op, buf, 1);
         return Ok(());
     }
-    if std::mem::size_of_val(buf) * (n - 1) <= DIRECT_ALL_REDUCE_BYTES {
+    if all_reduce_algo(algo, std::mem::size_of_val(buf), n) == Algo::Direct {
         return direct_all_reduce(t, None, buf, op);
     }
     let blocks = nearly_equal_blocks(buf.len(), n);
@@ -223,14 +325,15 @@ pub fn all_reduce_into<T: Element>(
     send: &[T],
     recv: &mut [T],
     op: ReduceOp,
+    algo: Option<Algo>,
 ) -> Result<()> {
     let _call = CallScope::new(t);
     let n = t.world_size();
     if n == 1 {
         recv.copy_from_slice(send);
-        return all_reduce(t, recv, op);
+        return all_reduce(t, recv, op, algo);
     }
-    if std::mem::size_of_val(send) * (n - 1) <= DIRECT_ALL_REDUCE_BYTES {
+    if all_reduce_algo(algo, std::mem::size_of_val(send), n) == Algo::Direct {
         return direct_all_reduce(t, Some(send), recv, op);
     }
     let blocks = nearly_equal_blocks(send.len(), n);
@@ -241,6 +344,15 @@ pub fn all_reduce_into<T: Element>(
     ring_reduce_scatter(t, partials, op, &blocks)?;
     finish(op, &mut recv[blocks[t.rank()].clone()], n);
     ring_all_gather(t, recv, &blocks)
+}
+
+/// The all_reduce algorithm that runs on `n` ranks: `algo` if it is one, else by size.
+fn all_reduce_algo(algo: Option<Algo>, bytes: usize, n: usize) -> Algo {
+    match algo {
+        Some(chosen @ (Algo::Ring | Algo::Direct)) => chosen,
+        _ if bytes * (n - 1) <= DIRECT_ALL_REDUCE_BYTES => Algo::Direct,
+        _ => Algo::Ring,
+    }
 }
 
 /// Every rank sends its input (`send`, or in place `recv`) to every other, then reduces all n in
@@ -266,7 +378,14 @@ fn direct_all_reduce<T: Element>(
             dtype::reduce_into(op, recv, &all[block(r)]);
         }
         finish(op, recv, n);
-        Ok(())
+        steps::after(
+            || {
+                "direct all-reduce, step 1 of 1: every rank sent its whole buffer to every other \
+                 and reduced all of them"
+                    .into()
+            },
+            cast_slice(recv),
+        )
     })
 }
 
@@ -292,6 +411,16 @@ pub enum Partials<'a, T> {
         /// As long as the longest block.
         spare: &'a mut [T],
     },
+}
+
+impl<T: Element> Partials<'_, T> {
+    /// The buffer the partial sums are in.
+    fn sums(&self) -> &[T] {
+        match self {
+            Partials::InPlace(buf) => buf,
+            Partials::Beside { out, .. } | Partials::Alternating { out, .. } => out,
+        }
+    }
 }
 
 /// Ring reduce-scatter over `blocks`: afterwards this rank's block (block `rank` of the buffer,
@@ -340,6 +469,15 @@ pub fn ring_reduce_scatter<T: Element>(
                 reduce_step(t, (next, outgoing), prev, Some(own), acc, (op, stores))?;
             }
         }
+        let title = || {
+            format!(
+                "reduce-scatter, step {} of {}: each rank sent one block to the next and added \
+                 the block it got",
+                step + 1,
+                n - 1
+            )
+        };
+        steps::after(title, cast_slice(partials.sums()))?;
     }
     Ok(())
 }
@@ -398,6 +536,14 @@ fn ring_all_gather_steps<T: Element>(
         let recv_block = blocks[(rank + 2 * n - step - 1) % n].clone();
         let (outgoing, incoming) = split_pair(buf, send_block, recv_block);
         t.send_recv(next, cast_slice(outgoing), prev, cast_slice_mut(incoming))?;
+        let title = || {
+            format!(
+                "all-gather, step {} of {}: each rank sent the last block it completed to the next",
+                step + 1,
+                n - 1
+            )
+        };
+        steps::after(title, cast_slice(buf))?;
     }
     Ok(())
 }
@@ -428,6 +574,11 @@ pub fn reduce_scatter_into<T: Element>(
     let blocks = equal_blocks(send.len(), n);
     if n == 1 {
         recv.copy_from_slice(send);
+    } else if steps::watched() {
+        // Watched, the partial sums build up in a whole copy of `send`, each step shown.
+        let mut sums = send.to_vec();
+        ring_reduce_scatter(t, Partials::InPlace(&mut sums), op, &blocks)?;
+        recv.copy_from_slice(&sums[blocks[rank].clone()]);
     } else {
         // Two ranks take one step, straight into `recv`: no partial sum needs a spare.
         let spare_len = if n > 2 { recv.len() } else { 0 };
@@ -481,9 +632,14 @@ pub fn all_gather_into<T: Element>(t: &dyn Transport, send: &[T], recv: &mut [T]
         "all_gather_into: recv is not n sends"
     );
     let stores = Stores::for_destination(std::mem::size_of_val(recv));
-    if n == 1 {
-        copy(stores, cast_slice_mut(recv), cast_slice(send));
-        return Ok(());
+    if n == 1 || steps::watched() {
+        // Watched, the first step is shown like the others: the copy comes first.
+        copy(
+            stores,
+            cast_slice_mut(&mut recv[blocks[rank].clone()]),
+            cast_slice(send),
+        );
+        return ring_all_gather_steps(t, recv, &blocks, 0);
     }
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
     let (own, incoming) = split_pair_mut(recv, blocks[rank].clone(), blocks[prev].clone());

@@ -10,6 +10,7 @@ pub mod shm;
 mod tcp;
 mod transport;
 
+pub use algorithms::Algo;
 pub use channel::ChannelTransport;
 pub use shm::{remove_own_segments, ShmTcpTransport};
 pub use tcp::TcpTransport;

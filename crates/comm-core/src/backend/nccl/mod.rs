@@ -38,4 +38,4 @@ pub use errors::nccl_error;
 pub(crate) use events::Events;
 pub use group_safe::GroupSafe;
 pub use id::{bootstrap_address, id_from_bytes, id_to_bytes, new_unique_id};
-pub use probe::{probe, Machine, Probe, ThisMachine};
+pub use probe::{dotted_version, probe, Machine, Probe, ThisMachine};

@@ -61,6 +61,16 @@ pub trait Machine {
     fn nccl_version(&self) -> std::result::Result<String, String>;
 }
 
+/// NCCL's version number (`22803`, as `ncclGetVersion` gives it) as people write it (`2.28.3`).
+pub fn dotted_version(version: i32) -> String {
+    format!(
+        "{}.{}.{}",
+        version / 10000,
+        (version / 100) % 100,
+        version % 100
+    )
+}
+
 /// This machine, through cudarc, with every call that could panic caught.
 pub struct ThisMachine<F: Fn(&str) -> Option<String>>(pub F);
 
@@ -90,7 +100,7 @@ impl<F: Fn(&str) -> Option<String>> Machine for ThisMachine<F> {
     }
     fn nccl_version(&self) -> std::result::Result<String, String> {
         match quietly(result::get_nccl_version) {
-            Ok(Ok(v)) => Ok(format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100)),
+            Ok(Ok(v)) => Ok(dotted_version(v)),
             Ok(Err(e)) => Err(format!(
                 "libnccl loaded but {}",
                 nccl_error("ncclGetVersion", e)

@@ -1,0 +1,252 @@
+//! `--steps`, run as a user runs it: every cell of every step's grid checked against the
+//! algorithm's schedule, simulated here from its definition (which rank sends which block to
+//! whom at each step), at several world sizes and lengths, lengths not divisible by the world
+//! size included. The CPU backend is asked for by name: steps are the CPU algorithms'.
+
+use std::process::Command;
+
+use test_support::build::example;
+use test_support::grid::{Grid, Rows};
+use test_support::process::Plainly;
+
+/// Runs example `name` with `args` and `--backend cpu`; its stdout.
+fn run(name: &str, args: &[&str]) -> String {
+    let output = Command::new(example(name))
+        .args(args)
+        .args(["--backend", "cpu"])
+        .plainly()
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        output.status.success(),
+        "{name} {args:?}: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// Every rank's buffer, as the grids print its cells (at most 8 cells: the tests stay short).
+type Buffers = Vec<Vec<u64>>;
+
+fn cells(buffers: &Buffers) -> Rows {
+    let row = |b: &Vec<u64>| b.iter().map(u64::to_string).collect();
+    buffers.iter().map(row).collect()
+}
+
+fn expect(stdout: &str, title: &str, want: &Buffers) {
+    let got = Grid::titled(title).read(stdout);
+    assert_eq!(got, cells(want), "{title}\n{stdout}");
+}
+
+/// Block `i` of `n` nearly equal blocks of `len` (the CPU ring's split).
+fn block(len: usize, n: usize, i: usize) -> std::ops::Range<usize> {
+    i * len / n..(i + 1) * len / n
+}
+
+#[test]
+fn ring_all_reduce_shows_partial_sums_grow_then_spread() {
+    for (n, len) in [(2, 4), (3, 5), (4, 4), (4, 7)] {
+        let stdout = run(
+            "02-allreduce",
+            &[
+                "-n",
+                &n.to_string(),
+                "--len",
+                &len.to_string(),
+                "--steps",
+                "--algo",
+                "ring",
+            ],
+        );
+        let mut state: Buffers = vec![vec![1; len]; n];
+        for step in 0..n - 1 {
+            // Rank r adds, into block r-step-2, what rank r-1 held there before the step.
+            let before = state.clone();
+            for (r, buf) in state.iter_mut().enumerate() {
+                let b = block(len, n, (r + 2 * n - step - 2) % n);
+                let prev = &before[(r + n - 1) % n];
+                b.for_each(|i| buf[i] += prev[i]);
+            }
+            let title = format!(
+                "reduce-scatter, step {} of {}: each rank sent one block to the next and added \
+                 the block it got",
+                step + 1,
+                n - 1
+            );
+            expect(&stdout, &title, &state);
+        }
+        for step in 0..n - 1 {
+            // Rank r copies block r-step-1 from rank r-1.
+            let before = state.clone();
+            for (r, buf) in state.iter_mut().enumerate() {
+                let b = block(len, n, (r + 2 * n - step - 1) % n);
+                let prev = &before[(r + n - 1) % n];
+                b.for_each(|i| buf[i] = prev[i]);
+            }
+            let title = format!(
+                "all-gather, step {} of {}: each rank sent the last block it completed to the \
+                 next",
+                step + 1,
+                n - 1
+            );
+            expect(&stdout, &title, &state);
+        }
+        assert_eq!(state, vec![vec![n as u64; len]; n]);
+        expect(&stdout, "After reduce:", &state);
+    }
+}
+
+#[test]
+fn the_direct_all_reduce_is_one_step() {
+    let stdout = run("02-allreduce", &["-n", "3", "--steps"]);
+    let title = "direct all-reduce, step 1 of 1: every rank sent its whole buffer to every other \
+                 and reduced all of them";
+    expect(&stdout, title, &vec![vec![3; 4]; 3]);
+    assert!(!stdout.contains("reduce-scatter"), "{stdout}");
+}
+
+#[test]
+fn a_tree_broadcast_doubles_the_ranks_that_hold_the_buffer() {
+    for n in [2usize, 3, 5, 8] {
+        let stdout = run(
+            "01-broadcast",
+            &["-n", &n.to_string(), "--len", "3", "--steps"],
+        );
+        let rounds = n.next_power_of_two().trailing_zeros() as usize;
+        let mut state: Buffers = (0..n)
+            .map(|r| vec![if r == 0 { 42 } else { 0 }; 3])
+            .collect();
+        for round in 0..rounds {
+            let far = 1 << (rounds - 1 - round);
+            for vr in (0..n).filter(|vr| vr % (2 * far) == 0 && vr + far < n) {
+                state[vr + far] = state[vr].clone();
+            }
+            let title = format!(
+                "tree broadcast, round {} of {rounds}: every rank that held the buffer sent it \
+                 {far} rank{} further",
+                round + 1,
+                if far == 1 { "" } else { "s" }
+            );
+            expect(&stdout, &title, &state);
+        }
+        assert_eq!(state, vec![vec![42; 3]; n]);
+    }
+}
+
+#[test]
+fn a_chain_broadcast_moves_one_hop_a_round() {
+    for n in [2usize, 4] {
+        let stdout = run(
+            "01-broadcast",
+            &[
+                "-n",
+                &n.to_string(),
+                "--len",
+                "2",
+                "--steps",
+                "--algo",
+                "chain",
+            ],
+        );
+        let mut state: Buffers = (0..n)
+            .map(|r| vec![if r == 0 { 42 } else { 0 }; 2])
+            .collect();
+        // One segment: in round r it goes from rank r to rank r+1.
+        for round in 0..n - 1 {
+            state[round + 1] = state[round].clone();
+            let title = format!(
+                "chain broadcast, round {} of {}: each rank passed the segment it had to the next",
+                round + 1,
+                n - 1
+            );
+            expect(&stdout, &title, &state);
+        }
+    }
+}
+
+#[test]
+fn all_gather_passes_each_block_once_around_the_ring() {
+    for (n, len) in [(2, 2), (3, 2), (4, 1)] {
+        let stdout = run(
+            "04-allgather",
+            &["-n", &n.to_string(), "--len", &len.to_string(), "--steps"],
+        );
+        // Each rank starts with its own block (rank + 1) in place, zeros elsewhere.
+        let mut state: Buffers = (0..n)
+            .map(|r| {
+                (0..n * len)
+                    .map(|i| if i / len == r { r as u64 + 1 } else { 0 })
+                    .collect()
+            })
+            .collect();
+        for step in 0..n - 1 {
+            let before = state.clone();
+            for (r, buf) in state.iter_mut().enumerate() {
+                let b = (r + 2 * n - step - 1) % n;
+                let prev = &before[(r + n - 1) % n];
+                (b * len..(b + 1) * len).for_each(|i| buf[i] = prev[i]);
+            }
+            let title = format!(
+                "all-gather, step {} of {}: each rank sent the last block it completed to the \
+                 next",
+                step + 1,
+                n - 1
+            );
+            expect(&stdout, &title, &state);
+        }
+        let gathered: Vec<u64> = (0..n * len).map(|i| (i / len) as u64 + 1).collect();
+        expect(&stdout, "After all-gather:", &vec![gathered; n]);
+    }
+}
+
+#[test]
+fn reduce_scatter_adds_each_block_up_around_the_ring() {
+    for (n, len) in [(2, 2), (3, 2), (4, 1)] {
+        let stdout = run(
+            "05-reduce-scatter",
+            &["-n", &n.to_string(), "--len", &len.to_string(), "--steps"],
+        );
+        let values: Vec<u64> = (1..=(n * len) as u64).collect();
+        let mut state: Buffers = vec![values.clone(); n];
+        for step in 0..n - 1 {
+            let before = state.clone();
+            for (r, buf) in state.iter_mut().enumerate() {
+                let b = (r + 2 * n - step - 2) % n;
+                let prev = &before[(r + n - 1) % n];
+                (b * len..(b + 1) * len).for_each(|i| buf[i] += prev[i]);
+            }
+            let title = format!(
+                "reduce-scatter, step {} of {}: each rank sent one block to the next and added \
+                 the block it got",
+                step + 1,
+                n - 1
+            );
+            expect(&stdout, &title, &state);
+        }
+        let mine: Buffers = (0..n)
+            .map(|r| {
+                values[r * len..(r + 1) * len]
+                    .iter()
+                    .map(|v| v * n as u64)
+                    .collect()
+            })
+            .collect();
+        expect(&stdout, "After reduce-scatter (block r on rank r):", &mine);
+    }
+}
+
+#[test]
+fn without_steps_no_step_is_shown() {
+    for name in [
+        "01-broadcast",
+        "02-allreduce",
+        "04-allgather",
+        "05-reduce-scatter",
+    ] {
+        let stdout = run(name, &["-n", "3"]);
+        for word in ["step", "round"] {
+            assert!(!stdout.contains(word), "{name}: {stdout}");
+        }
+    }
+}
