@@ -250,3 +250,52 @@ fn without_steps_no_step_is_shown() {
         }
     }
 }
+
+/// The book's picture of the ring all-reduce is drawn from a real run, by the commands
+/// docs/src/watching.md shows, and must be what they draw now: the picture cannot drift from the
+/// code. `NCCL_WORKSHOP_UPDATE_PICTURES=1` writes the new one instead of failing.
+#[test]
+fn the_books_ring_picture_is_drawn_from_a_real_run() {
+    let dir = tempfile_dir("ring-picture");
+    // cargo run --example 02-allreduce -- -n 3 --len 3 --steps --algo ring --backend cpu > ring-steps.txt
+    let stdout = run(
+        "02-allreduce",
+        &["-n", "3", "--len", "3", "--steps", "--algo", "ring"],
+    );
+    std::fs::write(dir.join("ring-steps.txt"), &stdout).unwrap();
+    // target/release/comm-bench grids ring-steps.txt -o ring-allreduce.svg
+    let drawn = Command::new(test_support::build::binary("comm-bench", "comm-bench"))
+        .args(["grids", "ring-steps.txt", "-o", "ring-allreduce.svg"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(drawn.status.success(), "{drawn:?}");
+    let picture = std::fs::read_to_string(dir.join("ring-allreduce.svg")).unwrap();
+    let book =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/images/ring-allreduce.svg");
+    if std::env::var_os("NCCL_WORKSHOP_UPDATE_PICTURES").is_some() {
+        std::fs::write(&book, &picture).unwrap();
+    }
+    let committed = std::fs::read_to_string(&book).unwrap();
+    assert!(
+        committed == picture,
+        "{} differs from what the commands draw now: rerun this test with \
+         NCCL_WORKSHOP_UPDATE_PICTURES=1 and commit the picture",
+        book.display()
+    );
+    for title in [
+        "reduce-scatter, step 2 of 2",
+        "all-gather, step 2 of 2",
+        "After reduce:",
+    ] {
+        assert!(picture.contains(title), "{title}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A fresh folder under the system's temporary directory, for this test process.
+fn tempfile_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("nccl-workshop-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

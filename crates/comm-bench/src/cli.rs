@@ -90,6 +90,20 @@ pub enum Command {
     /// Combines result files (--csv or --json output, from any machines) into PNG and SVG plots,
     /// markdown tables and observations.
     Report(ReportArgs),
+    /// Draws the grids an example printed (run it with --steps to get every step of the
+    /// algorithm) as one SVG: changed cells orange, final ones green.
+    Grids(GridsArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GridsArgs {
+    /// A file holding what the example printed.
+    #[arg(value_name = "OUTPUT")]
+    pub output: PathBuf,
+
+    /// The SVG to write.
+    #[arg(short, long, value_name = "FILE", default_value = "grids.svg")]
+    pub out: PathBuf,
 }
 
 #[derive(Debug, Clone, Args)]

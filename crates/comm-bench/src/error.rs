@@ -108,6 +108,9 @@ pub enum BenchError {
     },
     #[error("the files hold no rows: nothing to report")]
     NoRows,
+    /// `comm-bench grids` found no grid in a program's output.
+    #[error("no grid in {}: give the output of an example (run with --steps to get every step)", path.display())]
+    NoGrids { path: PathBuf },
     /// plotters could not draw or save a chart.
     #[error("drawing a plot: {0}")]
     Plot(Box<dyn std::error::Error + Send + Sync>),

@@ -15,6 +15,7 @@ pub mod cli;
 pub mod course;
 pub mod driver;
 pub mod error;
+pub mod grids;
 pub mod measure;
 pub mod plan;
 pub mod record;

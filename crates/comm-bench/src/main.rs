@@ -31,6 +31,16 @@ fn main() -> ExitCode {
                 1
             }
         },
+        Some(Command::Grids(args)) => match comm_bench::grids::draw(&args.output, &args.out) {
+            Ok(count) => {
+                println!("wrote {} ({count} grids)", args.out.display());
+                0
+            }
+            Err(e) => {
+                eprintln!("comm-bench grids: error: {e}");
+                1
+            }
+        },
         None => comm_bench::driver::run(&cli.bench),
     };
     ExitCode::from(code.clamp(0, 255) as u8)
