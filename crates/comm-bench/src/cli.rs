@@ -93,6 +93,20 @@ pub enum Command {
     /// Draws the grids an example printed (run it with --steps to get every step of the
     /// algorithm) as one SVG: changed cells orange, final ones green.
     Grids(GridsArgs),
+    /// Draws a trace (--trace FILE) as an SVG timeline: a lane per rank, a box per call, send
+    /// and receive, an arrow per message.
+    Timeline(TimelineArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TimelineArgs {
+    /// The trace, as --trace wrote it.
+    #[arg(value_name = "TRACE")]
+    pub trace: PathBuf,
+
+    /// The SVG to write.
+    #[arg(short, long, value_name = "FILE", default_value = "timeline.svg")]
+    pub out: PathBuf,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -272,6 +286,11 @@ pub struct BenchArgs {
     /// [default: by size].
     #[arg(long, value_enum, value_name = "NAME")]
     pub algo: Option<comm_core::backend::cpu::Algo>,
+
+    /// Record what every rank does into FILE, a Chrome trace (ui.perfetto.dev opens it;
+    /// `comm-bench timeline FILE` draws it): one job, so one --world-sizes value.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
 
     /// Seconds any wait may take (rendezvous, a collective) before the run fails.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]

@@ -171,6 +171,7 @@ fn launch_args(args: &BenchArgs, backend: BackendChoice) -> LaunchArgs {
         timeout: args.timeout,
         algo: args.algo,
         steps: false,
+        trace: args.trace.clone(),
     }
 }
 
@@ -449,6 +450,7 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
     let result = (|| -> comm_core::Result<()> {
         let launch = launch_args(args, backends[0]);
         let job = Job::rendezvous(&topology, launch.backend, launch.timeout()?)?
+            .with_trace(launch.trace.clone())?
             .with_transport(launch.transport)
             .with_algo(launch.algo);
         if rank == 0 {

@@ -39,6 +39,8 @@ pub enum BenchError {
     EmptyList,
     #[error("--world-sizes: give one or more numbers of ranks, each at least 1")]
     NoWorldSize,
+    #[error("--trace records one job: give one --world-sizes value (or none: the default)")]
+    TraceOfSeveralJobs,
     #[error("-n/--iters 0: time at least one iteration")]
     ZeroIters,
     #[error(
@@ -108,6 +110,9 @@ pub enum BenchError {
     },
     #[error("the files hold no rows: nothing to report")]
     NoRows,
+    /// `comm-bench timeline` found no slice in a trace.
+    #[error("no slice in {}: give a trace written by --trace", path.display())]
+    NoSlices { path: PathBuf },
     /// `comm-bench grids` found no grid in a program's output.
     #[error("no grid in {}: give the output of an example (run with --steps to get every step)", path.display())]
     NoGrids { path: PathBuf },

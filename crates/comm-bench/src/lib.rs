@@ -21,4 +21,5 @@ pub mod plan;
 pub mod record;
 pub mod report;
 pub mod table;
+pub mod timeline;
 pub mod units;

@@ -41,6 +41,16 @@ fn main() -> ExitCode {
                 1
             }
         },
+        Some(Command::Timeline(args)) => match comm_bench::timeline::draw(&args.trace, &args.out) {
+            Ok(count) => {
+                println!("wrote {} ({count} slices)", args.out.display());
+                0
+            }
+            Err(e) => {
+                eprintln!("comm-bench timeline: error: {e}");
+                1
+            }
+        },
         None => comm_bench::driver::run(&cli.bench),
     };
     ExitCode::from(code.clamp(0, 255) as u8)

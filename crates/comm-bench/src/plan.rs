@@ -157,6 +157,9 @@ fn world_sizes(args: &BenchArgs, d: &Defaults) -> Result<Option<Vec<usize>>, Ben
         for &n in ws {
             comm_core::spawn::check_ranks("--world-sizes", n, 1)?;
         }
+        if ws.len() > 1 && args.trace.is_some() {
+            return Err(BenchError::TraceOfSeveralJobs);
+        }
     }
     Ok(world_sizes)
 }

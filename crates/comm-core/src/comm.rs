@@ -397,12 +397,37 @@ impl Communicator {
             self.rank,
             self.world_size,
         )?;
+        let traced = crate::trace::on().then(|| {
+            let bytes = recv.len() * std::mem::size_of::<T>();
+            let placement = if send.is_some() {
+                "out-of-place"
+            } else {
+                "in-place"
+            };
+            let args = serde_json::json!({"bytes": bytes, "placement": placement});
+            (crate::trace::now(), args)
+        });
+        let done = self.run_checked(&call, &checked, send, recv);
+        if let Some((start, args)) = traced {
+            crate::trace::slice("call", call.collective.name(), start, args);
+        }
+        done
+    }
+
+    /// Runs a checked call on this rank's backend.
+    fn run_checked<T: Element>(
+        &self,
+        call: &Call,
+        checked: &crate::collective::Checked,
+        send: Option<&Buffer<T>>,
+        recv: &mut Buffer<T>,
+    ) -> Result<()> {
         match &self.engine {
             Engine::Cpu(t) => {
                 let send = send.map(host).transpose()?;
                 let recv = host_mut(recv)?;
                 let algo = self.algo;
-                let mut run = move || algorithms::run(t.as_ref(), &checked, send, recv, algo);
+                let mut run = move || algorithms::run(t.as_ref(), checked, send, recv, algo);
                 match self.step_grids::<T>() {
                     Some(show) => steps::watching(show, run),
                     None => run(),
@@ -415,7 +440,7 @@ impl Communicator {
                         call.collective
                     );
                 }
-                nccl.collective(&checked, send.map(device).transpose()?, device_mut(recv)?)
+                nccl.collective(checked, send.map(device).transpose()?, device_mut(recv)?)
             }
         }
     }

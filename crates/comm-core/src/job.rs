@@ -4,6 +4,7 @@
 //! same store (how example 03 and comm-bench compare the CPU path with NCCL on the same ranks);
 //! a communicator itself knows nothing of how it was launched.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +29,8 @@ pub struct Job {
     algo: Option<Algo>,
     /// Whether communicators show their steps (`--steps`).
     steps: bool,
+    /// Where the job's trace goes (`--trace`), if it records one.
+    trace: Option<PathBuf>,
     store: Arc<Store>,
     /// Rank 0 serves the store for everyone until the job finishes.
     server: Option<Arc<StoreServer>>,
@@ -78,6 +81,7 @@ impl Job {
             transport: TransportChoice::Auto,
             algo: None,
             steps: false,
+            trace: None,
             store: Arc::new(store),
             server,
             built: AtomicU64::new(0),
@@ -94,6 +98,17 @@ impl Job {
     pub fn with_algo(mut self, algo: Option<Algo>) -> Job {
         self.algo = algo;
         self
+    }
+
+    /// Records a trace of every rank into `file` (`--trace`; see [`crate::trace`]): every rank
+    /// calls it, and the file is written when the job finishes.
+    pub fn with_trace(mut self, file: Option<PathBuf>) -> Result<Job> {
+        if let Some(file) = file {
+            let (rank, world_size) = (self.topology.rank, self.topology.world_size);
+            crate::trace::start(&self.store.scoped("trace"), rank, world_size)?;
+            self.trace = Some(file);
+        }
+        Ok(self)
     }
 
     /// Whether communicators show every step of their CPU algorithms (`--steps`).
@@ -159,8 +174,11 @@ impl Job {
                     connected.transport.name(),
                     connected.why
                 );
-                Communicator::cpu(connected.transport, topology.local_rank)
-                    .with_transport_line(line)
+                let transport = match self.trace {
+                    Some(_) => Box::new(cpu::Traced::new(connected.transport)),
+                    None => connected.transport,
+                };
+                Communicator::cpu(transport, topology.local_rank).with_transport_line(line)
             }
             BackendKind::Nccl => {
                 let ordinal = nccl::device_for(topology.local_rank, selection.gpus)?;
@@ -211,7 +229,14 @@ impl Job {
     /// Ends the job cleanly: waits for every rank, then rank 0 keeps serving the store until the
     /// others have disconnected, so nobody loses it while waiting for an answer.
     pub fn finish(self) -> Result<()> {
+        if let Some(file) = &self.trace {
+            crate::trace::write_part(file)?;
+        }
         self.store.barrier("finish")?;
+        if let (Some(file), 0) = (&self.trace, self.topology.rank) {
+            crate::trace::merge(file, self.topology.world_size)?;
+            println!("trace: {} (open it in ui.perfetto.dev)", file.display());
+        }
         let timeout = self.store.timeout();
         // Our own connection must close too before the server counts itself idle.
         drop(self.store);

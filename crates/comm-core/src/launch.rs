@@ -46,6 +46,12 @@ pub struct LaunchArgs {
     /// runs the steps inside one kernel, so only before and after show).
     #[arg(long)]
     pub steps: bool,
+
+    /// Record what every rank does into FILE, a Chrome trace (open it in ui.perfetto.dev, or
+    /// draw it with `comm-bench timeline FILE`): a track per rank, a slice per collective call
+    /// and, on the CPU backend, per send and receive, with arrows from sends to receives.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<std::path::PathBuf>,
 }
 
 impl Default for LaunchArgs {
@@ -58,6 +64,7 @@ impl Default for LaunchArgs {
             timeout: 300.0,
             algo: None,
             steps: false,
+            trace: None,
         }
     }
 }
@@ -146,7 +153,8 @@ pub fn run_job(
             let rank = topology.rank;
             let job = args
                 .timeout()
-                .and_then(|timeout| Job::rendezvous(&topology, args.backend, timeout));
+                .and_then(|timeout| Job::rendezvous(&topology, args.backend, timeout))
+                .and_then(|job| job.with_trace(args.trace.clone()));
             let job = match job {
                 Ok(job) => job
                     .with_transport(args.transport)

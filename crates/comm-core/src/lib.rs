@@ -31,6 +31,7 @@ pub mod store;
 pub mod streaming;
 pub mod timing;
 pub mod topology;
+pub mod trace;
 
 pub use backend::{BackendChoice, BackendKind, Device};
 pub use collective::{Call, Collective};

@@ -8,12 +8,14 @@ mod channel;
 mod context;
 pub mod shm;
 mod tcp;
+mod traced;
 mod transport;
 
 pub use algorithms::Algo;
 pub use channel::ChannelTransport;
 pub use shm::{remove_own_segments, ShmTcpTransport};
 pub use tcp::TcpTransport;
+pub use traced::Traced;
 pub use transport::{threaded_send_recv_with, CallScope, Sink, Transport, PIECE_BYTES};
 
 /// What the user asked for with `--transport`: how CPU ranks move bytes.

@@ -1,0 +1,209 @@
+//! `comm-bench timeline TRACE.json -o timeline.svg`: a trace (`--trace`) drawn as a lane per
+//! rank along a time axis, a box per slice coloured by kind (collective calls behind, sends,
+//! receives and exchanges in front) and an arrow from each message's send to its receive.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::BenchError;
+
+/// One slice of a rank's lane.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slice {
+    pub rank: usize,
+    pub kind: String,
+    pub name: String,
+    pub start: f64,
+    pub end: f64,
+}
+
+/// A message: from (rank, time) to (rank, time).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Arrow {
+    pub from: (usize, f64),
+    pub to: (usize, f64),
+}
+
+/// The slices and arrows of a Chrome trace's `traceEvents`.
+pub fn read(trace: &Value) -> (Vec<Slice>, Vec<Arrow>) {
+    let events = trace["traceEvents"].as_array().cloned().unwrap_or_default();
+    let mut slices = Vec::new();
+    let mut starts: HashMap<String, (usize, f64)> = HashMap::new();
+    let mut ends = Vec::new();
+    for e in &events {
+        let rank = e["tid"].as_u64().unwrap_or(0) as usize;
+        let ts = e["ts"].as_f64().unwrap_or(0.0);
+        let id = e["id"].as_str().unwrap_or_default().to_string();
+        match e["ph"].as_str() {
+            Some("X") => slices.push(Slice {
+                rank,
+                kind: e["cat"].as_str().unwrap_or_default().to_string(),
+                name: e["name"].as_str().unwrap_or_default().to_string(),
+                start: ts,
+                end: ts + e["dur"].as_f64().unwrap_or(0.0),
+            }),
+            Some("s") => {
+                starts.insert(id, (rank, ts));
+            }
+            Some("f") => ends.push((id, (rank, ts))),
+            _ => {}
+        }
+    }
+    let arrows = ends
+        .into_iter()
+        .filter_map(|(id, to)| starts.get(&id).map(|&from| Arrow { from, to }))
+        .collect();
+    (slices, arrows)
+}
+
+const LANE_H: f64 = 44.0;
+const LEFT: f64 = 70.0;
+const WIDTH: f64 = 1000.0;
+const TOP: f64 = 40.0;
+
+fn colour(kind: &str) -> &'static str {
+    match kind {
+        "call" => "#dde3ea",
+        "send" => "#7fb3e6",
+        "recv" => "#8fd18a",
+        "sendrecv" => "#c7a4e0",
+        _ => "#f0c27f",
+    }
+}
+
+/// The timeline of `slices` and `arrows` as SVG text.
+pub fn svg(slices: &[Slice], arrows: &[Arrow]) -> String {
+    let ranks = slices.iter().map(|s| s.rank + 1).max().unwrap_or(1);
+    let t0 = slices.iter().map(|s| s.start).fold(f64::INFINITY, f64::min);
+    let t1 = slices
+        .iter()
+        .map(|s| s.end)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let span = (t1 - t0).max(1.0);
+    let x = |t: f64| LEFT + (t - t0) / span * (WIDTH - LEFT - 20.0);
+    let lane = |rank: usize| TOP + rank as f64 * LANE_H;
+    let height = TOP + ranks as f64 * LANE_H + 40.0;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" \
+         fill=\"white\"/>\n<defs><marker id=\"head\" markerWidth=\"8\" markerHeight=\"8\" \
+         refX=\"7\" refY=\"4\" orient=\"auto\"><path d=\"M0,0 L8,4 L0,8 z\" \
+         fill=\"#333\"/></marker></defs>\n<text x=\"10\" y=\"20\" fill=\"#446\">grey: a \
+         collective call; blue: send; green: receive; purple: send and receive at once; \
+         arrows: messages</text>\n"
+    );
+    for rank in 0..ranks {
+        let y = lane(rank);
+        let _ = writeln!(out, "<text x=\"10\" y=\"{}\">rank {rank}</text>", y + 24.0);
+    }
+    // Calls first, full lane height, behind what happens inside them.
+    let mut ordered: Vec<&Slice> = slices.iter().collect();
+    ordered.sort_by_key(|s| s.kind != "call");
+    for s in ordered {
+        let (inset, h) = if s.kind == "call" {
+            (2.0, LANE_H - 4.0)
+        } else {
+            (10.0, LANE_H - 20.0)
+        };
+        let _ = writeln!(
+            out,
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h}\" fill=\"{}\" \
+             stroke=\"#556\" stroke-width=\"0.5\"><title>{}</title></rect>",
+            x(s.start),
+            lane(s.rank) + inset,
+            (x(s.end) - x(s.start)).max(1.0),
+            colour(&s.kind),
+            s.name.replace('&', "&amp;").replace('<', "&lt;")
+        );
+    }
+    for a in arrows {
+        let _ = writeln!(
+            out,
+            "<line x1=\"{:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#333\" \
+             stroke-width=\"0.8\" marker-end=\"url(#head)\"/>",
+            x(a.from.1),
+            lane(a.from.0) + LANE_H / 2.0,
+            x(a.to.1),
+            lane(a.to.0) + LANE_H / 2.0
+        );
+    }
+    axis(&mut out, t0, span, height - 30.0, &x);
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The time axis: five ticks from the first event, in microseconds.
+fn axis(out: &mut String, t0: f64, span: f64, y: f64, x: &dyn Fn(f64) -> f64) {
+    let _ = writeln!(
+        out,
+        "<line x1=\"{LEFT}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"#333\"/>",
+        WIDTH - 20.0
+    );
+    for i in 0..=4 {
+        let t = t0 + span * i as f64 / 4.0;
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.0} µs</text>",
+            x(t),
+            y + 16.0,
+            t - t0
+        );
+    }
+}
+
+/// Reads the trace `input`, draws its timeline into `out`; the number of slices drawn.
+pub fn draw(input: &Path, out: &Path) -> Result<usize, BenchError> {
+    let text = std::fs::read_to_string(input).map_err(|source| BenchError::ReadFile {
+        path: input.to_path_buf(),
+        source,
+    })?;
+    let trace: Value = serde_json::from_str(&text).map_err(|source| BenchError::MalformedJson {
+        path: input.to_path_buf(),
+        source,
+    })?;
+    let (slices, arrows) = read(&trace);
+    if slices.is_empty() {
+        return Err(BenchError::NoSlices {
+            path: input.to_path_buf(),
+        });
+    }
+    std::fs::write(out, svg(&slices, &arrows)).map_err(|source| BenchError::WriteFile {
+        path: out.to_path_buf(),
+        source,
+    })?;
+    Ok(slices.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn slices_and_matched_arrows_are_read_and_drawn() {
+        let trace = json!({"traceEvents": [
+            {"ph": "X", "cat": "call", "name": "all_reduce", "ts": 0.0, "dur": 10.0, "tid": 0},
+            {"ph": "X", "cat": "send", "name": "send to 1", "ts": 1.0, "dur": 2.0, "tid": 0},
+            {"ph": "s", "id": "0>1#0", "ts": 1.0, "tid": 0},
+            {"ph": "f", "id": "0>1#0", "ts": 4.0, "tid": 1, "bp": "e"},
+            {"ph": "f", "id": "unmatched", "ts": 4.0, "tid": 1},
+            {"ph": "X", "cat": "recv", "name": "receive from 0", "ts": 2.0, "dur": 2.0, "tid": 1}
+        ]});
+        let (slices, arrows) = read(&trace);
+        assert_eq!(slices.len(), 3);
+        assert_eq!(
+            arrows,
+            [Arrow {
+                from: (0, 1.0),
+                to: (1, 4.0)
+            }]
+        );
+        let picture = svg(&slices, &arrows);
+        assert_eq!(picture.matches("<rect x=").count(), 3);
+        assert_eq!(picture.matches("marker-end").count(), 1);
+        assert!(picture.contains("rank 1"));
+    }
+}

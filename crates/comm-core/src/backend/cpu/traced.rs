@@ -1,0 +1,117 @@
+//! A transport that puts every send and receive in the trace ([`crate::trace`]): a slice with
+//! its byte count and peer, and an arrow from each message's send to its receive. Built only
+//! with `--trace`, around the transport that moves the bytes, so an untraced run pays nothing.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::json;
+
+use super::transport::{Sink, Transport};
+use crate::error::Result;
+use crate::trace;
+
+/// `inner`, traced.
+pub struct Traced {
+    inner: Box<dyn Transport>,
+    /// Messages sent to each peer, and received from each: a message's number on both sides
+    /// (each pair's messages arrive in order), which names its arrow.
+    sent: Vec<AtomicU64>,
+    received: Vec<AtomicU64>,
+}
+
+impl Traced {
+    /// Traces `inner`'s messages.
+    pub fn new(inner: Box<dyn Transport>) -> Traced {
+        let n = inner.world_size();
+        Traced {
+            inner,
+            sent: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            received: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Starts the arrow of the next message to `to`.
+    fn sending(&self, to: usize, ts: f64) {
+        let seq = self.sent[to].fetch_add(1, Ordering::Relaxed);
+        trace::arrow(true, self.rank(), to, seq, ts);
+    }
+
+    /// Ends the arrow of the next message from `from`.
+    fn received(&self, from: usize, ts: f64) {
+        let seq = self.received[from].fetch_add(1, Ordering::Relaxed);
+        trace::arrow(false, from, self.rank(), seq, ts);
+    }
+}
+
+impl Transport for Traced {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+
+    fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
+        let start = trace::now();
+        self.sending(peer, start);
+        let sent = self.inner.send(peer, data);
+        let args = json!({"bytes": data.len(), "to": peer});
+        trace::slice("send", &format!("send to {peer}"), start, args);
+        sent
+    }
+
+    fn recv(&self, peer: usize, out: &mut [u8]) -> Result<()> {
+        let start = trace::now();
+        let received = self.inner.recv(peer, out);
+        let args = json!({"bytes": out.len(), "from": peer});
+        trace::slice("recv", &format!("receive from {peer}"), start, args);
+        self.received(peer, trace::now());
+        received
+    }
+
+    fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
+        let start = trace::now();
+        self.sending(to, start);
+        let done = self.inner.send_recv(to, data, from, out);
+        let args = json!({"bytes": data.len(), "to": to, "from": from});
+        trace::slice(
+            "sendrecv",
+            &format!("send to {to}, receive from {from}"),
+            start,
+            args,
+        );
+        self.received(from, trace::now());
+        done
+    }
+
+    fn send_recv_with(
+        &self,
+        to: usize,
+        data: &[u8],
+        from: usize,
+        len: usize,
+        sink: Sink<'_>,
+    ) -> Result<()> {
+        let start = trace::now();
+        self.sending(to, start);
+        let done = self.inner.send_recv_with(to, data, from, len, sink);
+        let args = json!({"bytes": data.len(), "to": to, "from": from});
+        let name = format!("send to {to}, receive and reduce from {from}");
+        trace::slice("sendrecv", &name, start, args);
+        self.received(from, trace::now());
+        done
+    }
+
+    fn begin_call(&self) -> bool {
+        self.inner.begin_call()
+    }
+
+    fn end_call(&self) {
+        self.inner.end_call()
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+}

@@ -1,0 +1,172 @@
+//! Traces (`--trace FILE`): what every rank did and when, as Chrome's trace-event JSON, which
+//! Perfetto (ui.perfetto.dev) and chrome://tracing open: a track per rank, a slice per
+//! collective call and, on the CPU backend, a slice per send and receive with its byte count and
+//! an arrow from each send to its receive.
+//!
+//! Each rank records into its own memory, at most [`MAX_EVENTS`] events (later ones are counted
+//! as dropped, and the file says how many). When the job finishes every rank writes its part
+//! (`FILE.rank<r>`), and rank 0, once all have, merges the parts into `FILE`.
+//!
+//! Clocks: every rank stamps events with its host's realtime clock. Ranks on rank 0's host share
+//! that clock: their times agree exactly. A rank on another host adds its offset from rank 0's
+//! clock, measured through the store when tracing starts, as Cristian's algorithm does: it notes
+//! its time t1, asks rank 0 for its time T through the store, gets the answer at t2; rank 0's
+//! clock read t2 at about T + (t2 - t1) / 2, so the offset is known within ±(t2 - t1) / 2, half a
+//! store round trip (a few hundred microseconds over a cluster's network). The file records each
+//! rank's offset and bound (`otherData.ranks`).
+//!
+//! Off, the only cost is one relaxed atomic load per collective call: nothing else is wrapped.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+use crate::error::{CommError, Result};
+use crate::store::Scoped;
+
+/// The most events a rank keeps (about 100 MB of JSON at most).
+pub const MAX_EVENTS: usize = 1 << 20;
+
+static ON: AtomicBool = AtomicBool::new(false);
+static RANK: AtomicUsize = AtomicUsize::new(0);
+/// Nanoseconds to add to this host's clock to read rank 0's.
+static OFFSET_NS: AtomicI64 = AtomicI64::new(0);
+/// Half the round trip the offset was measured over: how far it can be off.
+static OFFSET_BOUND_NS: AtomicI64 = AtomicI64::new(0);
+static DROPPED: AtomicUsize = AtomicUsize::new(0);
+static EVENTS: Mutex<Vec<Value>> = Mutex::new(Vec::new());
+
+/// Whether this process records a trace.
+pub fn on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// Now on rank 0's clock, in microseconds since the Unix epoch.
+pub fn now() -> f64 {
+    (local_ns() + OFFSET_NS.load(Ordering::Relaxed)) as f64 / 1000.0
+}
+
+fn local_ns() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    since.as_nanos() as i64
+}
+
+fn record(event: Value) {
+    let mut events = EVENTS.lock().unwrap_or_else(|e| e.into_inner());
+    if events.len() < MAX_EVENTS {
+        events.push(event);
+    } else {
+        DROPPED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A slice on this rank's track, from `start` (see [`now`]) to now.
+pub fn slice(cat: &str, name: &str, start: f64, args: Value) {
+    let tid = RANK.load(Ordering::Relaxed);
+    let dur = (now() - start).max(0.0);
+    record(
+        json!({"name": name, "cat": cat, "ph": "X", "ts": start, "dur": dur,
+                  "pid": 0, "tid": tid, "args": args}),
+    );
+}
+
+/// The start (`ph: s`, on the sender at `ts`) or end (`ph: f`, on the receiver) of the arrow of
+/// message `seq` from rank `from` to rank `to`.
+pub fn arrow(start: bool, from: usize, to: usize, seq: u64, ts: f64) {
+    let tid = RANK.load(Ordering::Relaxed);
+    let (ph, bp) = if start { ("s", None) } else { ("f", Some("e")) };
+    let mut event = json!({"name": "message", "cat": "message", "ph": ph, "ts": ts, "pid": 0,
+                           "tid": tid, "id": format!("{from}>{to}#{seq}")});
+    if let Some(bp) = bp {
+        event["bp"] = json!(bp);
+    }
+    record(event);
+}
+
+/// Starts recording for `rank`, its clock set against rank 0's through the store in `scope`
+/// (every rank of the job calls it, in the same order as the other store calls).
+pub fn start(scope: &Scoped, rank: usize, world_size: usize) -> Result<()> {
+    RANK.store(rank, Ordering::Relaxed);
+    align_clock(scope, rank, world_size)?;
+    record(
+        json!({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank,
+                  "args": {"name": format!("rank {rank}")}}),
+    );
+    ON.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Cristian's algorithm through the store: rank 0 answers each rank's ping with its clock.
+fn align_clock(scope: &Scoped, rank: usize, world_size: usize) -> Result<()> {
+    let clock = scope.scoped("clock");
+    if rank == 0 {
+        for peer in 1..world_size {
+            clock.get(&format!("ping/{peer}"))?;
+            let answer = format!("{} {}", local_ns(), crate::host::hostname());
+            clock.set_at("pong", peer, answer.as_bytes())?;
+        }
+        return Ok(());
+    }
+    let t1 = local_ns();
+    clock.set_at("ping", rank, b"")?;
+    let answer = clock.get(&format!("pong/{rank}"))?;
+    let t2 = local_ns();
+    let answer = String::from_utf8_lossy(&answer);
+    let (theirs, host) = answer.split_once(' ').unwrap_or((&answer, ""));
+    let theirs: i64 = theirs
+        .parse()
+        .map_err(|_| CommError::Peer(format!("rank 0 answered the clock with {answer:?}")))?;
+    if host == crate::host::hostname() {
+        return Ok(()); // one host, one clock: exact
+    }
+    OFFSET_NS.store(theirs - (t1 + t2) / 2, Ordering::Relaxed);
+    OFFSET_BOUND_NS.store((t2 - t1) / 2, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Where rank `rank` writes its part of `file`.
+fn part(file: &Path, rank: usize) -> std::path::PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(format!(".rank{rank}"));
+    name.into()
+}
+
+/// Writes this rank's part of `file` (a JSON array of its events, then its notes).
+pub fn write_part(file: &Path) -> Result<()> {
+    let rank = RANK.load(Ordering::Relaxed);
+    let events = std::mem::take(&mut *EVENTS.lock().unwrap_or_else(|e| e.into_inner()));
+    let notes = json!({"rank": rank, "dropped_events": DROPPED.load(Ordering::Relaxed),
+                       "clock_offset_us": OFFSET_NS.load(Ordering::Relaxed) as f64 / 1000.0,
+                       "clock_within_us": OFFSET_BOUND_NS.load(Ordering::Relaxed) as f64 / 1000.0});
+    let text = json!({"events": events, "notes": notes}).to_string();
+    let path = part(file, rank);
+    std::fs::write(&path, text).map_err(|e| CommError::io(format!("writing {}", path.display()), e))
+}
+
+/// Merges the `world_size` parts of `file` into it, as Chrome's JSON object format with each
+/// rank's notes under `otherData`, and removes the parts.
+pub fn merge(file: &Path, world_size: usize) -> Result<()> {
+    let mut events = Vec::new();
+    let mut notes = Vec::new();
+    for rank in 0..world_size {
+        let path = part(file, rank);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| CommError::io(format!("reading {}", path.display()), e))?;
+        let mut part: Value = serde_json::from_str(&text)
+            .map_err(|e| CommError::Peer(format!("{} is not a trace part: {e}", path.display())))?;
+        if let Some(list) = part["events"].as_array_mut() {
+            events.append(list);
+        }
+        notes.push(part["notes"].take());
+        let _ = std::fs::remove_file(&path);
+    }
+    let trace = json!({"traceEvents": events, "displayTimeUnit": "ns",
+                       "otherData": {"ranks": notes}});
+    std::fs::write(file, trace.to_string())
+        .map_err(|e| CommError::io(format!("writing {}", file.display()), e))
+}

@@ -1,0 +1,214 @@
+//! `--trace`, run as a user runs it: the file is read by a strict JSON parser and checked for
+//! every rank's track, every collective call, and an arrow from each send to its receive; then
+//! drawn by `comm-bench timeline`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use test_support::build::{binary, example};
+use test_support::process::Plainly;
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("nccl-workshop-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `program args` in `dir`; its stdout.
+fn run_in(dir: &Path, program: &Path, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .plainly()
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{args:?}: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+fn events<'a>(trace: &'a Value, ph: &str) -> Vec<&'a Value> {
+    let all = trace["traceEvents"].as_array().expect("traceEvents");
+    all.iter().filter(|e| e["ph"] == ph).collect()
+}
+
+/// Checks what every trace must hold: a named track per rank, `calls` collective calls on each,
+/// every arrow's two ends (on one host the receive never ends before the send began).
+fn check(trace: &Value, n: usize, call: &str, calls: usize) {
+    let names: Vec<&str> = events(trace, "M")
+        .iter()
+        .filter_map(|e| e["args"]["name"].as_str())
+        .collect();
+    for rank in 0..n {
+        assert!(
+            names.contains(&format!("rank {rank}").as_str()),
+            "{names:?}"
+        );
+        let on_rank = events(trace, "X")
+            .into_iter()
+            .filter(|e| e["tid"] == rank && e["cat"] == "call" && e["name"] == call)
+            .count();
+        assert_eq!(on_rank, calls, "rank {rank}'s {call} calls");
+    }
+    let starts = events(trace, "s");
+    let ends = events(trace, "f");
+    assert_eq!(starts.len(), ends.len(), "every arrow has both ends");
+    for end in &ends {
+        let start = starts
+            .iter()
+            .find(|s| s["id"] == end["id"])
+            .expect("a start");
+        assert!(
+            end["ts"].as_f64() >= start["ts"].as_f64(),
+            "{start} -> {end}"
+        );
+    }
+    let ranks = trace["otherData"]["ranks"].as_array().expect("notes");
+    assert_eq!(ranks.len(), n);
+    assert!(ranks.iter().all(|r| r["dropped_events"] == 0), "{ranks:?}");
+}
+
+fn read_trace(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_json::from_str(&text).expect("a trace is JSON")
+}
+
+#[test]
+fn a_ring_all_reduce_traces_every_step_of_every_rank() {
+    for n in [2usize, 4] {
+        let dir = fresh_dir(&format!("trace-ring-{n}"));
+        let args = [
+            "-n",
+            &n.to_string(),
+            "--len",
+            "100000",
+            "--algo",
+            "ring",
+            "--backend",
+            "cpu",
+        ];
+        // cargo run --example 02-allreduce -- -n 4 --len 100000 --algo ring --backend cpu --trace ring.json
+        let trace_args = [&args[..], &["--trace", "ring.json"]].concat();
+        let stdout = run_in(&dir, &example("02-allreduce"), &trace_args);
+        assert!(stdout.contains("trace: ring.json"), "{stdout}");
+        let trace = read_trace(&dir.join("ring.json"));
+        check(&trace, n, "all_reduce", 1);
+        // 2(n-1) ring steps a rank, each sending one message and receiving one.
+        let steps = events(&trace, "X")
+            .into_iter()
+            .filter(|e| e["cat"] == "sendrecv")
+            .count();
+        assert_eq!(steps, n * 2 * (n - 1));
+        assert_eq!(events(&trace, "s").len(), n * 2 * (n - 1));
+        let parts = std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(parts, 1, "the ranks' parts are merged and removed");
+        // target/release/comm-bench timeline ring.json -o ring-timeline.svg
+        let timeline = ["timeline", "ring.json", "-o", "ring-timeline.svg"];
+        let drawn = run_in(&dir, &binary("comm-bench", "comm-bench"), &timeline);
+        assert!(drawn.contains("slices"), "{drawn}");
+        let svg = std::fs::read_to_string(dir.join("ring-timeline.svg")).unwrap();
+        assert_eq!(svg.matches("marker-end").count(), n * 2 * (n - 1));
+        if n == 4 {
+            book_picture_has_the_shape_of(&svg, "ring-timeline.svg");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[test]
+fn a_tree_broadcast_sends_n_minus_one_messages() {
+    let dir = fresh_dir("trace-tree");
+    run_in(
+        &dir,
+        &example("01-broadcast"),
+        &["-n", "5", "--backend", "cpu", "--trace", "b.json"],
+    );
+    let trace = read_trace(&dir.join("b.json"));
+    check(&trace, 5, "broadcast", 1);
+    assert_eq!(events(&trace, "s").len(), 4);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn comm_bench_traces_one_job_and_refuses_several() {
+    let dir = fresh_dir("trace-bench");
+    let bench = binary("comm-bench", "comm-bench");
+    let args = [
+        "--world-sizes",
+        "2",
+        "--backend",
+        "cpu",
+        "-b",
+        "1K",
+        "-e",
+        "4K",
+        "-f",
+        "4",
+        "-n",
+        "2",
+        "-w",
+        "1",
+    ];
+    run_in(&dir, &bench, &[&args[..], &["--trace", "c.json"]].concat());
+    let trace = read_trace(&dir.join("c.json"));
+    let calls = events(&trace, "X")
+        .into_iter()
+        .filter(|e| e["cat"] == "call")
+        .count();
+    assert!(
+        calls > 2 * 2 * 3,
+        "warm-up, timed and checked calls of 2 sizes, 2 placements: {calls}"
+    );
+    let refused = Command::new(&bench)
+        .args(["--world-sizes", "2,3", "--trace", "x.json"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--trace records one job"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A timeline's shape: how many boxes of each colour (kind) and how many arrows. Times differ
+/// from run to run; the shape does not, unless the code changes.
+fn shape(svg: &str) -> Vec<(String, usize)> {
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for fill in svg
+        .split("fill=\"")
+        .skip(1)
+        .filter_map(|s| s.split('"').next())
+    {
+        match kinds.iter_mut().find(|(f, _)| f == fill) {
+            Some((_, n)) => *n += 1,
+            None => kinds.push((fill.to_string(), 1)),
+        }
+    }
+    kinds.push(("arrows".into(), svg.matches("marker-end").count()));
+    kinds.sort();
+    kinds
+}
+
+/// The book's picture `name` was drawn by the commands above from a real run: it must have the
+/// shape they draw now. `NCCL_WORKSHOP_UPDATE_PICTURES=1` writes the new one instead.
+fn book_picture_has_the_shape_of(svg: &str, name: &str) {
+    let book = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("docs/src/images")
+        .join(name);
+    if std::env::var_os("NCCL_WORKSHOP_UPDATE_PICTURES").is_some() {
+        std::fs::write(&book, svg).unwrap();
+    }
+    let committed = std::fs::read_to_string(&book).unwrap();
+    assert_eq!(
+        shape(&committed),
+        shape(svg),
+        "{} no longer has the shape the commands draw: rerun with NCCL_WORKSHOP_UPDATE_PICTURES=1",
+        book.display()
+    );
+}
