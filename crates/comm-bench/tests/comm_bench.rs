@@ -273,8 +273,11 @@ fn every_timing_mode_runs_on_the_cpu_backend() {
                 assert!(r.time_us <= r.time_us_median * (1.0 + 1e-9), "mean <= max: {r:?}");
             }
             if average == 3 && per_iter == 1 {
-                // -a 3 is the slowest rank's mean: at most its slowest iteration.
-                assert!(r.time_us <= r.time_us_max * (1.0 + 1e-9), "{r:?}");
+                // -a 3 is the slowest rank's mean: at most its slowest iteration. The mean is
+                // read around each iteration's batch and the iterations between the stopwatch's
+                // marks inside it, so the mean may exceed the max by those few instructions
+                // (CI saw 27.4965 us against 27.491): 1% and 50 ns of slack.
+                assert!(r.time_us <= r.time_us_max * 1.01 + 0.05, "{r:?}");
             }
         }
     }
