@@ -52,7 +52,7 @@ fn check(trace: &Value, n: usize, call: &str, calls: usize) {
         );
         let on_rank = events(trace, "X")
             .into_iter()
-            .filter(|e| e["tid"] == rank && e["cat"] == "call" && e["name"] == call)
+            .filter(|e| e["pid"] == rank && e["cat"] == "call" && e["name"] == call)
             .count();
         assert_eq!(on_rank, calls, "rank {rank}'s {call} calls");
     }
@@ -121,17 +121,39 @@ fn a_ring_all_reduce_traces_every_step_of_every_rank() {
     }
 }
 
+/// Tree against chain, as docs/src/watching.md draws them: a 4 MB broadcast on 4 ranks.
 #[test]
-fn a_tree_broadcast_sends_n_minus_one_messages() {
-    let dir = fresh_dir("trace-tree");
-    run_in(
-        &dir,
-        &example("01-broadcast"),
-        &["-n", "5", "--backend", "cpu", "--trace", "b.json"],
-    );
-    let trace = read_trace(&dir.join("b.json"));
-    check(&trace, 5, "broadcast", 1);
-    assert_eq!(events(&trace, "s").len(), 4);
+fn tree_and_chain_broadcasts_send_what_their_schedules_say() {
+    let dir = fresh_dir("trace-broadcast");
+    // 4 MB is 4 segments of the chain's 1 MiB: each crosses 3 hops; the tree sends 3 messages.
+    for (algo, messages) in [("tree", 3), ("chain", 4 * 3)] {
+        let file = format!("{algo}.json");
+        let picture = format!("broadcast-{algo}-timeline.svg");
+        // cargo run --example 01-broadcast -- -n 4 --len 1048576 --algo tree --backend cpu --trace tree.json
+        let args = [
+            "-n",
+            "4",
+            "--len",
+            "1048576",
+            "--algo",
+            algo,
+            "--backend",
+            "cpu",
+        ];
+        run_in(
+            &dir,
+            &example("01-broadcast"),
+            &[&args[..], &["--trace", &file]].concat(),
+        );
+        let trace = read_trace(&dir.join(&file));
+        check(&trace, 4, "broadcast", 1);
+        assert_eq!(events(&trace, "s").len(), messages, "{algo}");
+        // target/release/comm-bench timeline tree.json -o broadcast-tree-timeline.svg
+        let timeline = ["timeline", file.as_str(), "-o", picture.as_str()];
+        run_in(&dir, &binary("comm-bench", "comm-bench"), &timeline);
+        let svg = std::fs::read_to_string(dir.join(&picture)).unwrap();
+        book_picture_has_the_shape_of(&svg, &picture);
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -34,7 +34,7 @@ pub fn read(trace: &Value) -> (Vec<Slice>, Vec<Arrow>) {
     let mut starts: HashMap<String, (usize, f64)> = HashMap::new();
     let mut ends = Vec::new();
     for e in &events {
-        let rank = e["tid"].as_u64().unwrap_or(0) as usize;
+        let rank = e["pid"].as_u64().unwrap_or(0) as usize;
         let ts = e["ts"].as_f64().unwrap_or(0.0);
         let id = e["id"].as_str().unwrap_or_default().to_string();
         match e["ph"].as_str() {
@@ -185,12 +185,12 @@ mod tests {
     #[test]
     fn slices_and_matched_arrows_are_read_and_drawn() {
         let trace = json!({"traceEvents": [
-            {"ph": "X", "cat": "call", "name": "all_reduce", "ts": 0.0, "dur": 10.0, "tid": 0},
-            {"ph": "X", "cat": "send", "name": "send to 1", "ts": 1.0, "dur": 2.0, "tid": 0},
-            {"ph": "s", "id": "0>1#0", "ts": 1.0, "tid": 0},
-            {"ph": "f", "id": "0>1#0", "ts": 4.0, "tid": 1, "bp": "e"},
-            {"ph": "f", "id": "unmatched", "ts": 4.0, "tid": 1},
-            {"ph": "X", "cat": "recv", "name": "receive from 0", "ts": 2.0, "dur": 2.0, "tid": 1}
+            {"ph": "X", "cat": "call", "name": "all_reduce", "ts": 0.0, "dur": 10.0, "pid": 0},
+            {"ph": "X", "cat": "send", "name": "send to 1", "ts": 1.0, "dur": 2.0, "pid": 0},
+            {"ph": "s", "id": "0>1#0", "ts": 1.0, "pid": 0},
+            {"ph": "f", "id": "0>1#0", "ts": 4.0, "pid": 1, "bp": "e"},
+            {"ph": "f", "id": "unmatched", "ts": 4.0, "pid": 1},
+            {"ph": "X", "cat": "recv", "name": "receive from 0", "ts": 2.0, "dur": 2.0, "pid": 1}
         ]});
         let (slices, arrows) = read(&trace);
         assert_eq!(slices.len(), 3);

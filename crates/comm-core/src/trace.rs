@@ -1,7 +1,7 @@
 //! Traces (`--trace FILE`): what every rank did and when, as Chrome's trace-event JSON, which
-//! Perfetto (ui.perfetto.dev) and chrome://tracing open: a track per rank, a slice per
-//! collective call and, on the CPU backend, a slice per send and receive with its byte count and
-//! an arrow from each send to its receive.
+//! Perfetto (ui.perfetto.dev) and chrome://tracing open: a process per rank (`pid` = rank, a
+//! track per thread of it), a slice per collective call and, on the CPU backend, a slice per send
+//! and receive with its byte count and an arrow from each send to its receive.
 //!
 //! Each rank records into its own memory, at most [`MAX_EVENTS`] events (later ones are counted
 //! as dropped, and the file says how many). When the job finishes every rank writes its part
@@ -37,6 +37,17 @@ static OFFSET_NS: AtomicI64 = AtomicI64::new(0);
 /// Half the round trip the offset was measured over: how far it can be off.
 static OFFSET_BOUND_NS: AtomicI64 = AtomicI64::new(0);
 static DROPPED: AtomicUsize = AtomicUsize::new(0);
+static THREADS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's track in its rank's process: slices of one thread nest, as viewers want.
+    static TRACK: usize = THREADS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// This rank and this thread's track: `pid` and `tid`.
+fn place() -> (usize, usize) {
+    (RANK.load(Ordering::Relaxed), TRACK.with(|t| *t))
+}
 static EVENTS: Mutex<Vec<Value>> = Mutex::new(Vec::new());
 
 /// Whether this process records a trace.
@@ -67,20 +78,20 @@ fn record(event: Value) {
 
 /// A slice on this rank's track, from `start` (see [`now`]) to now.
 pub fn slice(cat: &str, name: &str, start: f64, args: Value) {
-    let tid = RANK.load(Ordering::Relaxed);
+    let (pid, tid) = place();
     let dur = (now() - start).max(0.0);
     record(
         json!({"name": name, "cat": cat, "ph": "X", "ts": start, "dur": dur,
-                  "pid": 0, "tid": tid, "args": args}),
+                  "pid": pid, "tid": tid, "args": args}),
     );
 }
 
 /// The start (`ph: s`, on the sender at `ts`) or end (`ph: f`, on the receiver) of the arrow of
 /// message `seq` from rank `from` to rank `to`.
 pub fn arrow(start: bool, from: usize, to: usize, seq: u64, ts: f64) {
-    let tid = RANK.load(Ordering::Relaxed);
+    let (pid, tid) = place();
     let (ph, bp) = if start { ("s", None) } else { ("f", Some("e")) };
-    let mut event = json!({"name": "message", "cat": "message", "ph": ph, "ts": ts, "pid": 0,
+    let mut event = json!({"name": "message", "cat": "message", "ph": ph, "ts": ts, "pid": pid,
                            "tid": tid, "id": format!("{from}>{to}#{seq}")});
     if let Some(bp) = bp {
         event["bp"] = json!(bp);
@@ -93,10 +104,10 @@ pub fn arrow(start: bool, from: usize, to: usize, seq: u64, ts: f64) {
 pub fn start(scope: &Scoped, rank: usize, world_size: usize) -> Result<()> {
     RANK.store(rank, Ordering::Relaxed);
     align_clock(scope, rank, world_size)?;
-    record(
-        json!({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank,
-                  "args": {"name": format!("rank {rank}")}}),
-    );
+    record(json!({"name": "process_name", "ph": "M", "pid": rank,
+                  "args": {"name": format!("rank {rank}")}}));
+    record(json!({"name": "process_sort_index", "ph": "M", "pid": rank,
+                  "args": {"sort_index": rank}}));
     ON.store(true, Ordering::Relaxed);
     Ok(())
 }
