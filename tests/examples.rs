@@ -126,6 +126,37 @@ fn allreduce_sums_ones_to_the_world_size() {
     }
 }
 
+/// 04 and 05 as the README runs them (the default ranks), then on every rank count.
+#[test]
+fn allgather_and_reduce_scatter_put_each_block_where_it_belongs() {
+    let default_ranks = match this_machine().kind {
+        Kind::Cpu => 4,
+        Kind::Nccl => this_machine().gpus(),
+    };
+    let counts = [None]
+        .into_iter()
+        .chain(world_sizes().into_iter().map(Some));
+    for n in counts {
+        let flag = n.map(|n| n.to_string());
+        let args: Vec<&str> = flag.iter().flat_map(|n| ["-n", n.as_str()]).collect();
+        let n = n.unwrap_or(default_ranks);
+        let out = run("04-allgather", &args);
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let before = grid(&stdout, "Before all-gather (each rank's block):");
+        expect_cells(&before, n, 2, |rank| (rank + 1).to_string());
+        let after = grid(&stdout, "After all-gather:");
+        let gathered: Vec<String> = (0..2 * n).map(|i| (i / 2 + 1).to_string()).collect();
+        assert!(after.iter().all(|row| *row == gathered), "{stdout}");
+        let out = run("05-reduce-scatter", &args);
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let after = grid(&stdout, "After reduce-scatter (block r on rank r):");
+        for (rank, row) in after.iter().enumerate() {
+            let sums: Vec<String> = (1..=2).map(|j| (n * (2 * rank + j)).to_string()).collect();
+            assert_eq!(*row, sums, "rank {rank}: {stdout}");
+        }
+    }
+}
+
 /// Runs an example that must fail; returns its exit code and stderr.
 fn fails_with_code(name: &str, args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String) {
     let mut command = Command::new(example(name));

@@ -236,6 +236,27 @@ fn reduce_scatter_adds_each_block_up_around_the_ring() {
     }
 }
 
+/// The README's command, on whatever this machine runs by default: the ring's steps on the CPU
+/// backend, NCCL's one line where it runs.
+#[test]
+fn the_readme_command_shows_the_steps_this_machine_can_show() {
+    // cargo run --example 02-allreduce -- --steps --algo ring
+    let output = Command::new(example("02-allreduce"))
+        .args(["--steps", "--algo", "ring"])
+        .plainly()
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(output.status.success(), "{stdout}");
+    match stdout.starts_with("backend: nccl") {
+        true => assert!(
+            stdout.contains("every step runs inside one kernel"),
+            "{stdout}"
+        ),
+        false => assert!(stdout.contains("reduce-scatter, step 1 of 3"), "{stdout}"),
+    }
+}
+
 #[test]
 fn without_steps_no_step_is_shown() {
     for name in [
