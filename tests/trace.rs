@@ -106,6 +106,26 @@ fn a_ring_all_reduce_traces_every_step_of_every_rank() {
             .count();
         assert_eq!(steps, n * 2 * (n - 1));
         assert_eq!(events(&trace, "s").len(), n * 2 * (n - 1));
+        // Each reduce-scatter step reduces what arrived (one piece: a block of 400 KB / n),
+        // inside its exchange, on the same rank and thread.
+        let slices = events(&trace, "X");
+        let reduces: Vec<_> = slices.iter().filter(|e| e["cat"] == "reduce").collect();
+        assert_eq!(reduces.len(), n * (n - 1));
+        for r in reduces {
+            let (start, end) = (
+                r["ts"].as_f64().unwrap(),
+                r["ts"].as_f64().unwrap() + r["dur"].as_f64().unwrap(),
+            );
+            let inside = slices.iter().any(|e| {
+                let from = e["ts"].as_f64().unwrap();
+                e["cat"] == "sendrecv"
+                    && e["pid"] == r["pid"]
+                    && e["tid"] == r["tid"]
+                    && from <= start
+                    && end <= from + e["dur"].as_f64().unwrap()
+            });
+            assert!(inside, "{r} lies inside an exchange");
+        }
         let parts = std::fs::read_dir(&dir).unwrap().count();
         assert_eq!(parts, 1, "the ranks' parts are merged and removed");
         // target/release/comm-bench timeline ring.json -o ring-timeline.svg

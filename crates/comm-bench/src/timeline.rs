@@ -70,6 +70,7 @@ fn colour(kind: &str) -> &'static str {
         "send" => "#7fb3e6",
         "recv" => "#8fd18a",
         "sendrecv" => "#c7a4e0",
+        "reduce" => "#f0a05a",
         _ => "#f0c27f",
     }
 }
@@ -93,20 +94,26 @@ pub fn svg(slices: &[Slice], arrows: &[Arrow]) -> String {
          refX=\"7\" refY=\"4\" orient=\"auto\"><path d=\"M0,0 L8,4 L0,8 z\" \
          fill=\"#333\"/></marker></defs>\n<text x=\"10\" y=\"20\" fill=\"#446\">grey: a \
          collective call; blue: send; green: receive; purple: send and receive at once; \
-         arrows: messages</text>\n"
+         orange: reducing what arrived; arrows: messages</text>\n"
     );
     for rank in 0..ranks {
         let y = lane(rank);
         let _ = writeln!(out, "<text x=\"10\" y=\"{}\">rank {rank}</text>", y + 24.0);
     }
-    // Calls first, full lane height, behind what happens inside them.
+    // Calls first, full lane height, behind the messages inside them, and the reductions inside
+    // those on top.
+    let depth = |kind: &str| match kind {
+        "call" => 0,
+        "send" | "recv" | "sendrecv" => 1,
+        _ => 2,
+    };
     let mut ordered: Vec<&Slice> = slices.iter().collect();
-    ordered.sort_by_key(|s| s.kind != "call");
+    ordered.sort_by_key(|s| depth(&s.kind));
     for s in ordered {
-        let (inset, h) = if s.kind == "call" {
-            (2.0, LANE_H - 4.0)
-        } else {
-            (10.0, LANE_H - 20.0)
+        let (inset, h) = match depth(&s.kind) {
+            0 => (2.0, LANE_H - 4.0),
+            1 => (10.0, LANE_H - 20.0),
+            _ => (16.0, LANE_H - 32.0),
         };
         let _ = writeln!(
             out,
