@@ -141,6 +141,26 @@ fn a_ring_all_reduce_traces_every_step_of_every_rank() {
     }
 }
 
+/// The direct all-reduce (small buffers): every rank exchanges with every other, and copies its
+/// input in beside theirs and the sum out.
+#[test]
+fn a_direct_all_reduce_shows_its_exchanges_and_copies() {
+    let dir = fresh_dir("trace-direct");
+    let args = ["-n", "3", "--backend", "cpu", "--trace", "d.json"];
+    run_in(&dir, &example("02-allreduce"), &args);
+    let trace = read_trace(&dir.join("d.json"));
+    check(&trace, 3, "all_reduce", 1);
+    let slices = events(&trace, "X");
+    for rank in 0..3 {
+        let count = |cat: &str| {
+            let mine = |e: &&&Value| e["pid"] == rank && e["cat"] == cat;
+            slices.iter().filter(mine).count()
+        };
+        assert_eq!((count("sendrecv"), count("copy")), (2, 2), "rank {rank}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Tree against chain, as docs/src/watching.md draws them: a 4 MB broadcast on 4 ranks.
 #[test]
 fn tree_and_chain_broadcasts_send_what_their_schedules_say() {

@@ -71,7 +71,8 @@ fn colour(kind: &str) -> &'static str {
         "recv" => "#8fd18a",
         "sendrecv" => "#c7a4e0",
         "reduce" => "#f0a05a",
-        _ => "#f0c27f",
+        "copy" => "#f3e27a",
+        _ => "#cccccc",
     }
 }
 
@@ -94,7 +95,7 @@ pub fn svg(slices: &[Slice], arrows: &[Arrow]) -> String {
          refX=\"7\" refY=\"4\" orient=\"auto\"><path d=\"M0,0 L8,4 L0,8 z\" \
          fill=\"#333\"/></marker></defs>\n<text x=\"10\" y=\"20\" fill=\"#446\">grey: a \
          collective call; blue: send; green: receive; purple: send and receive at once; \
-         orange: reducing what arrived; arrows: messages</text>\n"
+         orange: reducing what arrived; yellow: a local copy; arrows: messages</text>\n"
     );
     for rank in 0..ranks {
         let y = lane(rank);

@@ -86,6 +86,17 @@ pub fn slice(cat: &str, name: &str, start: f64, args: Value) {
     );
 }
 
+/// Runs `copy`, a local copy of `bytes`, as a `copy` slice when tracing.
+pub fn copying<R>(bytes: usize, copy: impl FnOnce() -> R) -> R {
+    if !on() {
+        return copy();
+    }
+    let start = now();
+    let out = copy();
+    slice("copy", "copy", start, json!({"bytes": bytes}));
+    out
+}
+
 /// The start (`ph: s`, on the sender at `ts`) or end (`ph: f`, on the receiver) of the arrow of
 /// message `seq` from rank `from` to rank `to`.
 pub fn arrow(start: bool, from: usize, to: usize, seq: u64, ts: f64) {

@@ -26,6 +26,7 @@ use crate::dtype::{self, finish, reduce_pair, Element, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::steps;
 use crate::streaming::{copy, Stores};
+use crate::trace;
 
 /// Up to this many bytes, latency matters more than bandwidth.
 const SMALL_BYTES: usize = 64 << 10;
@@ -175,7 +176,7 @@ pub fn broadcast_into<T: Element>(
     }
     let tree = broadcast_algo(algo, std::mem::size_of_val(send)) == Algo::Tree;
     if n == 1 || tree || steps::watched() {
-        recv.copy_from_slice(send);
+        trace::copying(std::mem::size_of_val(send), || recv.copy_from_slice(send));
         return broadcast(t, recv, root, algo);
     }
     let segment = (SEGMENT_BYTES / std::mem::size_of::<T>()).max(1);
@@ -183,7 +184,9 @@ pub fn broadcast_into<T: Element>(
     let stores = Stores::for_destination(std::mem::size_of_val(recv));
     for (from, to) in send.chunks(segment).zip(recv.chunks_mut(segment)) {
         t.send(next, cast_slice(from))?;
-        copy(stores, cast_slice_mut(to), cast_slice(from));
+        trace::copying(std::mem::size_of_val(from), || {
+            copy(stores, cast_slice_mut(to), cast_slice(from))
+        });
     }
     Ok(())
 }
@@ -367,13 +370,17 @@ fn direct_all_reduce<T: Element>(
     let (n, rank, len) = (t.world_size(), t.rank(), recv.len());
     with_scratch(n * len, |all: &mut [T]| {
         let block = |r: usize| r * len..(r + 1) * len;
-        all[block(rank)].copy_from_slice(send.unwrap_or(recv));
+        trace::copying(std::mem::size_of_val(recv), || {
+            all[block(rank)].copy_from_slice(send.unwrap_or(recv))
+        });
         for step in 1..n {
             let (to, from) = ((rank + step) % n, (rank + n - step) % n);
             let (mine, theirs) = split_pair(all, block(rank), block(from));
             t.send_recv(to, cast_slice(mine), from, cast_slice_mut(theirs))?;
         }
-        recv.copy_from_slice(&all[block(0)]);
+        trace::copying(std::mem::size_of_val(recv), || {
+            recv.copy_from_slice(&all[block(0)])
+        });
         for r in 1..n {
             dtype::reduce_into(op, recv, &all[block(r)]);
         }
@@ -655,7 +662,9 @@ pub fn all_gather_into<T: Element>(t: &dyn Transport, send: &[T], recv: &mut [T]
     t.send_recv_with(next, send_bytes, prev, incoming.len(), &mut |at, piece| {
         let range = at..at + piece.len();
         copy(stores, &mut incoming[range.clone()], piece);
-        copy(stores, &mut own[range.clone()], &send_bytes[range]);
+        trace::copying(range.len(), || {
+            copy(stores, &mut own[range.clone()], &send_bytes[range])
+        });
     })?;
     ring_all_gather_steps(t, recv, &blocks, 1)
 }
@@ -816,7 +825,9 @@ pub fn all_to_all<T: Element>(t: &dyn Transport, send: &[T], recv: &mut [T]) -> 
     let (n, rank) = (t.world_size(), t.rank());
     let count = send.len() / n;
     let block = |i: usize| i * count..(i + 1) * count;
-    recv[block(rank)].copy_from_slice(&send[block(rank)]);
+    trace::copying(std::mem::size_of_val(&send[block(rank)]), || {
+        recv[block(rank)].copy_from_slice(&send[block(rank)])
+    });
     for step in 1..n {
         let (to, from) = ((rank + step) % n, (rank + n - step) % n);
         t.send_recv(
@@ -850,7 +861,9 @@ pub fn gather<T: Element>(
         return t.send(root, cast_slice(mine));
     }
     if let Some(send) = send {
-        recv[block(rank)].copy_from_slice(send);
+        trace::copying(std::mem::size_of_val(send), || {
+            recv[block(rank)].copy_from_slice(send)
+        });
     }
     for from in (0..n).filter(|&r| r != root) {
         t.recv(from, cast_slice_mut(&mut recv[block(from)]))?;
@@ -887,7 +900,9 @@ pub fn scatter<T: Element>(
         t.send(to, cast_slice(&blocks[block(to)]))?;
     }
     if let Some(send) = send {
-        recv.copy_from_slice(&send[block(rank)]);
+        trace::copying(std::mem::size_of_val(recv), || {
+            recv.copy_from_slice(&send[block(rank)])
+        });
     }
     Ok(())
 }
