@@ -519,34 +519,13 @@ impl Server {
                 key,
                 expected,
                 desired,
-            } => {
-                let now = self.values.get(&key).map(Vec::as_slice);
-                let (answer, changed) = wire::compare_set(now, &expected, &desired);
-                if changed {
-                    self.store(key.clone(), desired)?;
-                }
-                self.wake_waiters(&key);
-                self.reply(id, Encoder::default().bytes(&answer));
-            }
+            } => self.compare_set(id, key, &expected, desired)?,
             Command::Get { key } => {
                 let value = self.values.get(&key).map_or(&[][..], Vec::as_slice);
                 let answer = Encoder::default().bytes(value);
                 self.reply(id, answer);
             }
-            Command::Add { key, delta } => {
-                let now = match self.values.get(&key) {
-                    None => 0,
-                    Some(v) => std::str::from_utf8(v)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<i64>().ok())
-                        .ok_or_else(|| {
-                            Close::Refused(format!("ADD to '{key}', which holds no number"))
-                        })?,
-                };
-                let new = now.wrapping_add(delta);
-                self.set(key, new.to_string().into_bytes())?;
-                self.reply(id, Encoder::default().i64(new));
-            }
+            Command::Add { key, delta } => self.add(id, key, delta)?,
             Command::Check { keys } => {
                 let ready = keys.iter().all(|k| self.values.contains_key(k));
                 let answer = if ready { wire::READY } else { wire::NOT_READY };
@@ -557,16 +536,7 @@ impl Server {
                 let n = self.values.len() as i64;
                 self.reply(id, Encoder::default().i64(n));
             }
-            Command::Delete { key } => {
-                let deleted = match self.values.remove(&key) {
-                    Some(value) => {
-                        self.stored_bytes -= entry_bytes(&key, &value);
-                        1
-                    }
-                    None => 0,
-                };
-                self.reply(id, Encoder::default().i64(deleted));
-            }
+            Command::Delete { key } => self.delete(id, &key),
             Command::Append { key, value } => {
                 let mut whole = self.values.get(&key).cloned().unwrap_or_default();
                 whole.extend_from_slice(&value);
@@ -590,6 +560,52 @@ impl Server {
             }
         }
         Ok(())
+    }
+
+    /// COMPARE_SET, with PyTorch's semantics (`wire::compare_set`); waiters wake either way.
+    fn compare_set(
+        &mut self,
+        id: u64,
+        key: String,
+        expected: &[u8],
+        desired: Vec<u8>,
+    ) -> std::result::Result<(), Close> {
+        let now = self.values.get(&key).map(Vec::as_slice);
+        let (answer, changed) = wire::compare_set(now, expected, &desired);
+        if changed {
+            self.store(key.clone(), desired)?;
+        }
+        self.wake_waiters(&key);
+        self.reply(id, Encoder::default().bytes(&answer));
+        Ok(())
+    }
+
+    /// ADD: the key's decimal number (0 when missing) plus `delta`; a key holding anything else
+    /// closes the connection.
+    fn add(&mut self, id: u64, key: String, delta: i64) -> std::result::Result<(), Close> {
+        let now = match self.values.get(&key) {
+            None => 0,
+            Some(v) => std::str::from_utf8(v)
+                .ok()
+                .and_then(|s| s.trim().parse::<i64>().ok())
+                .ok_or_else(|| Close::Refused(format!("ADD to '{key}', which holds no number")))?,
+        };
+        let new = now.wrapping_add(delta);
+        self.set(key, new.to_string().into_bytes())?;
+        self.reply(id, Encoder::default().i64(new));
+        Ok(())
+    }
+
+    /// DELETE_KEY: answers 1 if the key was there.
+    fn delete(&mut self, id: u64, key: &str) {
+        let deleted = match self.values.remove(key) {
+            Some(value) => {
+                self.stored_bytes -= entry_bytes(key, &value);
+                1
+            }
+            None => 0,
+        };
+        self.reply(id, Encoder::default().i64(deleted));
     }
 
     /// SET: stores and wakes whoever waits for the key.
