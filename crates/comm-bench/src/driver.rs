@@ -477,7 +477,9 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
                 Err(_) => {}
             }
         }
-        job.finish()
+        job.finish()?;
+        comm_core::launch::announce_trace(rank, args.trace.as_deref());
+        Ok(())
     })();
     match (result, sink) {
         (Err(e), _) => comm_core::failure_record::report_failure(rank, &e),

@@ -235,7 +235,6 @@ impl Job {
         self.store.barrier("finish")?;
         if let (Some(file), 0) = (&self.trace, self.topology.rank) {
             crate::trace::merge(file, self.topology.world_size)?;
-            println!("trace: {} (open it in ui.perfetto.dev)", file.display());
         }
         let timeout = self.store.timeout();
         // Our own connection must close too before the server counts itself idle.

@@ -117,6 +117,13 @@ pub fn run_as(
     })
 }
 
+/// Rank 0's line saying where the job's trace is, once the job has finished and written it.
+pub fn announce_trace(rank: usize, file: Option<&std::path::Path>) {
+    if let (0, Some(file)) = (rank, file) {
+        println!("trace: {} (open it in ui.perfetto.dev)", file.display());
+    }
+}
+
 /// `comm`, once rank 0 has printed its transport line (CPU communicators): what a program
 /// prints after the backend line, before its own output.
 pub fn announced(comm: Communicator) -> Communicator {
@@ -167,7 +174,10 @@ pub fn run_job(
             }
             match body(&job) {
                 Ok(()) => match job.finish() {
-                    Ok(()) => 0,
+                    Ok(()) => {
+                        announce_trace(rank, args.trace.as_deref());
+                        0
+                    }
                     Err(e) => crate::failure_record::report_failure(rank, &e),
                 },
                 Err(e) => {
