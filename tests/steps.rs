@@ -7,7 +7,7 @@ use std::process::Command;
 
 use test_support::build::example;
 use test_support::grid::{Grid, Rows};
-use test_support::process::Plainly;
+use test_support::process::{scratch, Plainly};
 
 /// Runs example `name` with `args` and `--backend cpu`; its stdout.
 fn run(name: &str, args: &[&str]) -> String {
@@ -44,6 +44,43 @@ fn block(len: usize, n: usize, i: usize) -> std::ops::Range<usize> {
     i * len / n..(i + 1) * len / n
 }
 
+/// The ring's two halves, as `ring_reduce_scatter` and `ring_all_gather` run them.
+#[derive(Clone, Copy)]
+enum Half {
+    ReduceScatter,
+    AllGather,
+}
+
+/// Step `step` of `half` on every rank at once, over the whole buffer's blocks: rank r takes,
+/// from what rank r-1 held before the step, block r-step-2 and adds it in (reduce-scatter), or
+/// block r-step-1 and copies it (all-gather). Returns the title the program gives the step.
+fn ring_step(state: &mut Buffers, half: Half, step: usize) -> String {
+    let (n, len) = (state.len(), state[0].len());
+    let before = state.clone();
+    for (r, buf) in state.iter_mut().enumerate() {
+        let prev = &before[(r + n - 1) % n];
+        match half {
+            Half::ReduceScatter => {
+                block(len, n, (r + 2 * n - step - 2) % n).for_each(|i| buf[i] += prev[i])
+            }
+            Half::AllGather => {
+                block(len, n, (r + 2 * n - step - 1) % n).for_each(|i| buf[i] = prev[i])
+            }
+        }
+    }
+    let (step, steps) = (step + 1, n - 1);
+    match half {
+        Half::ReduceScatter => format!(
+            "reduce-scatter, step {step} of {steps}: each rank sent one block to the next and \
+             added the block it got"
+        ),
+        Half::AllGather => format!(
+            "all-gather, step {step} of {steps}: each rank sent the last block it completed to \
+             the next"
+        ),
+    }
+}
+
 #[test]
 fn ring_all_reduce_shows_partial_sums_grow_then_spread() {
     for (n, len) in [(2, 4), (3, 5), (4, 4), (4, 7)] {
@@ -61,35 +98,11 @@ fn ring_all_reduce_shows_partial_sums_grow_then_spread() {
         );
         let mut state: Buffers = vec![vec![1; len]; n];
         for step in 0..n - 1 {
-            // Rank r adds, into block r-step-2, what rank r-1 held there before the step.
-            let before = state.clone();
-            for (r, buf) in state.iter_mut().enumerate() {
-                let b = block(len, n, (r + 2 * n - step - 2) % n);
-                let prev = &before[(r + n - 1) % n];
-                b.for_each(|i| buf[i] += prev[i]);
-            }
-            let title = format!(
-                "reduce-scatter, step {} of {}: each rank sent one block to the next and added \
-                 the block it got",
-                step + 1,
-                n - 1
-            );
+            let title = ring_step(&mut state, Half::ReduceScatter, step);
             expect(&stdout, &title, &state);
         }
         for step in 0..n - 1 {
-            // Rank r copies block r-step-1 from rank r-1.
-            let before = state.clone();
-            for (r, buf) in state.iter_mut().enumerate() {
-                let b = block(len, n, (r + 2 * n - step - 1) % n);
-                let prev = &before[(r + n - 1) % n];
-                b.for_each(|i| buf[i] = prev[i]);
-            }
-            let title = format!(
-                "all-gather, step {} of {}: each rank sent the last block it completed to the \
-                 next",
-                step + 1,
-                n - 1
-            );
+            let title = ring_step(&mut state, Half::AllGather, step);
             expect(&stdout, &title, &state);
         }
         assert_eq!(state, vec![vec![n as u64; len]; n]);
@@ -181,18 +194,7 @@ fn all_gather_passes_each_block_once_around_the_ring() {
             })
             .collect();
         for step in 0..n - 1 {
-            let before = state.clone();
-            for (r, buf) in state.iter_mut().enumerate() {
-                let b = (r + 2 * n - step - 1) % n;
-                let prev = &before[(r + n - 1) % n];
-                (b * len..(b + 1) * len).for_each(|i| buf[i] = prev[i]);
-            }
-            let title = format!(
-                "all-gather, step {} of {}: each rank sent the last block it completed to the \
-                 next",
-                step + 1,
-                n - 1
-            );
+            let title = ring_step(&mut state, Half::AllGather, step);
             expect(&stdout, &title, &state);
         }
         let gathered: Vec<u64> = (0..n * len).map(|i| (i / len) as u64 + 1).collect();
@@ -210,18 +212,7 @@ fn reduce_scatter_adds_each_block_up_around_the_ring() {
         let values: Vec<u64> = (1..=(n * len) as u64).collect();
         let mut state: Buffers = vec![values.clone(); n];
         for step in 0..n - 1 {
-            let before = state.clone();
-            for (r, buf) in state.iter_mut().enumerate() {
-                let b = (r + 2 * n - step - 2) % n;
-                let prev = &before[(r + n - 1) % n];
-                (b * len..(b + 1) * len).for_each(|i| buf[i] += prev[i]);
-            }
-            let title = format!(
-                "reduce-scatter, step {} of {}: each rank sent one block to the next and added \
-                 the block it got",
-                step + 1,
-                n - 1
-            );
+            let title = ring_step(&mut state, Half::ReduceScatter, step);
             expect(&stdout, &title, &state);
         }
         let mine: Buffers = (0..n)
@@ -277,7 +268,7 @@ fn without_steps_no_step_is_shown() {
 /// code. `NCCL_WORKSHOP_UPDATE_PICTURES=1` writes the new one instead of failing.
 #[test]
 fn the_books_ring_picture_is_drawn_from_a_real_run() {
-    let dir = tempfile_dir("ring-picture");
+    let dir = scratch("ring-picture");
     // cargo run --example 02-allreduce -- -n 3 --len 3 --steps --algo ring --backend cpu > ring-steps.txt
     let stdout = run(
         "02-allreduce",
@@ -312,11 +303,4 @@ fn the_books_ring_picture_is_drawn_from_a_real_run() {
         assert!(picture.contains(title), "{title}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// A fresh folder under the system's temporary directory, for this test process.
-fn tempfile_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("nccl-workshop-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }

@@ -2,19 +2,12 @@
 //! every rank's track, every collective call, and an arrow from each send to its receive; then
 //! drawn by `comm-bench timeline`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 use test_support::build::{binary, example};
-use test_support::process::Plainly;
-
-fn fresh_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("nccl-workshop-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use test_support::process::{scratch, Plainly};
 
 /// Runs `program args` in `dir`; its stdout.
 fn run_in(dir: &Path, program: &Path, args: &[&str]) -> String {
@@ -82,7 +75,7 @@ fn read_trace(path: &Path) -> Value {
 #[test]
 fn a_ring_all_reduce_traces_every_step_of_every_rank() {
     for n in [2usize, 4] {
-        let dir = fresh_dir(&format!("trace-ring-{n}"));
+        let dir = scratch(&format!("trace-ring-{n}"));
         let args = [
             "-n",
             &n.to_string(),
@@ -145,7 +138,7 @@ fn a_ring_all_reduce_traces_every_step_of_every_rank() {
 /// input in beside theirs and the sum out.
 #[test]
 fn a_direct_all_reduce_shows_its_exchanges_and_copies() {
-    let dir = fresh_dir("trace-direct");
+    let dir = scratch("trace-direct");
     let args = ["-n", "3", "--backend", "cpu", "--trace", "d.json"];
     run_in(&dir, &example("02-allreduce"), &args);
     let trace = read_trace(&dir.join("d.json"));
@@ -164,7 +157,7 @@ fn a_direct_all_reduce_shows_its_exchanges_and_copies() {
 /// Tree against chain, as docs/src/watching.md draws them: a 4 MB broadcast on 4 ranks.
 #[test]
 fn tree_and_chain_broadcasts_send_what_their_schedules_say() {
-    let dir = fresh_dir("trace-broadcast");
+    let dir = scratch("trace-broadcast");
     // 4 MB is 4 segments of the chain's 1 MiB: each crosses 3 hops; the tree sends 3 messages.
     for (algo, messages) in [("tree", 3), ("chain", 4 * 3)] {
         let file = format!("{algo}.json");
@@ -199,7 +192,7 @@ fn tree_and_chain_broadcasts_send_what_their_schedules_say() {
 
 #[test]
 fn comm_bench_traces_one_job_and_refuses_several() {
-    let dir = fresh_dir("trace-bench");
+    let dir = scratch("trace-bench");
     let bench = binary("comm-bench", "comm-bench");
     let args = [
         "--world-sizes",
