@@ -36,6 +36,25 @@ impl Traced {
         trace::arrow(true, self.rank(), to, seq, ts);
     }
 
+    /// `exchange` (sending `bytes` to `to` while receiving from `from`) as one `sendrecv` slice,
+    /// with this rank's ends of both arrows.
+    fn exchange(
+        &self,
+        to: usize,
+        bytes: usize,
+        from: usize,
+        name: &str,
+        exchange: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let start = trace::now();
+        self.sending(to, start);
+        let done = exchange();
+        let args = json!({"bytes": bytes, "to": to, "from": from});
+        trace::slice("sendrecv", name, start, args);
+        self.received(from, trace::now());
+        done
+    }
+
     /// Ends the arrow of the next message from `from`.
     fn received(&self, from: usize, ts: f64) {
         let seq = self.received[from].fetch_add(1, Ordering::Relaxed);
@@ -71,18 +90,10 @@ impl Transport for Traced {
     }
 
     fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
-        let start = trace::now();
-        self.sending(to, start);
-        let done = self.inner.send_recv(to, data, from, out);
-        let args = json!({"bytes": data.len(), "to": to, "from": from});
-        trace::slice(
-            "sendrecv",
-            &format!("send to {to}, receive from {from}"),
-            start,
-            args,
-        );
-        self.received(from, trace::now());
-        done
+        let name = format!("send to {to}, receive from {from}");
+        self.exchange(to, data.len(), from, &name, || {
+            self.inner.send_recv(to, data, from, out)
+        })
     }
 
     fn send_recv_with(
@@ -93,14 +104,10 @@ impl Transport for Traced {
         len: usize,
         sink: Sink<'_>,
     ) -> Result<()> {
-        let start = trace::now();
-        self.sending(to, start);
-        let done = self.inner.send_recv_with(to, data, from, len, sink);
-        let args = json!({"bytes": data.len(), "to": to, "from": from});
         let name = format!("send to {to}, receive and reduce from {from}");
-        trace::slice("sendrecv", &name, start, args);
-        self.received(from, trace::now());
-        done
+        self.exchange(to, data.len(), from, &name, || {
+            self.inner.send_recv_with(to, data, from, len, sink)
+        })
     }
 
     fn begin_call(&self) -> bool {
