@@ -438,11 +438,7 @@ impl Call {
             ));
         }
         for peer in self.peers.iter().flat_map(|&(to, from)| [to, from]) {
-            if peer >= world_size || peer == rank {
-                return usage(format!(
-                    "peer {peer} is not another rank (rank {rank}, world size {world_size})"
-                ));
-            }
+            another_rank(d.name, peer, rank, world_size)?;
         }
         if send.is_none() && !d.in_place {
             return usage("has no in-place form: give a send and a receive buffer".into());
@@ -489,6 +485,17 @@ impl Call {
             (Some(send), _, _) => blocks(send),
         }
     }
+}
+
+/// `peer` is a rank of `world_size` other than `rank`, or a usage error for `what` says it is
+/// not: the point-to-point calls and sendrecv's peers.
+pub(crate) fn another_rank(what: &str, peer: usize, rank: usize, world_size: usize) -> Result<()> {
+    if peer >= world_size || peer == rank {
+        return Err(CommError::Usage(format!(
+            "{what}: peer {peer} is not another rank (rank {rank}, world size {world_size})"
+        )));
+    }
+    Ok(())
 }
 
 /// A call whose buffer lengths [`Call::check`] found right for its rank and world size: what a

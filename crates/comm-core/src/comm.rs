@@ -577,7 +577,7 @@ impl Communicator {
     /// message, not a collective.
     pub fn send<T: Element>(&self, buf: &Buffer<T>, peer: usize) -> Result<()> {
         let _range = crate::profile::range(|| format!("send {} x {}", T::DTYPE, buf.len()));
-        self.check_peer(peer, "send")?;
+        crate::collective::another_rank("send", peer, self.rank, self.world_size)?;
         match &self.engine {
             Engine::Cpu(t) => t.send(peer, bytemuck::cast_slice(host(buf)?)),
             Engine::Nccl(nccl) => nccl.send(device(buf)?, peer),
@@ -587,7 +587,7 @@ impl Communicator {
     /// Receives into `buf` what `peer` sends with [`send`](Self::send); the lengths must match.
     pub fn recv<T: Element>(&self, buf: &mut Buffer<T>, peer: usize) -> Result<()> {
         let _range = crate::profile::range(|| format!("recv {} x {}", T::DTYPE, buf.len()));
-        self.check_peer(peer, "recv")?;
+        crate::collective::another_rank("recv", peer, self.rank, self.world_size)?;
         match &self.engine {
             Engine::Cpu(t) => t.recv(peer, bytemuck::cast_slice_mut(host_mut(buf)?)),
             Engine::Nccl(nccl) => nccl.recv(device_mut(buf)?, peer),
@@ -610,15 +610,5 @@ impl Communicator {
         let scope = store.scoped(&self.name).scoped("grid");
         let scope = scope.scoped(&step.to_string());
         crate::grid::share(&scope, self.rank, self.world_size, title, row)
-    }
-
-    fn check_peer(&self, peer: usize, what: &str) -> Result<()> {
-        if peer >= self.world_size || peer == self.rank {
-            return Err(CommError::Usage(format!(
-                "{what}: peer {peer} is not another rank (rank {}, world size {})",
-                self.rank, self.world_size
-            )));
-        }
-        Ok(())
     }
 }
