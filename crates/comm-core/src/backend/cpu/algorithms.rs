@@ -110,6 +110,7 @@ pub fn run<T: Element>(
     algo: Option<Algo>,
 ) -> Result<()> {
     let Call { op, root, .. } = checked.call;
+    let count = checked.counts.count;
     match (checked.call.collective, send) {
         (Collective::AllReduce, None) => all_reduce(t, recv, op, algo),
         (Collective::AllReduce, Some(send)) => all_reduce_into(t, send, recv, op, algo),
@@ -125,9 +126,9 @@ pub fn run<T: Element>(
             let (to, from) = checked.call.exchange_peers(t.rank(), t.world_size());
             t.send_recv(to, cast_slice(send), from, cast_slice_mut(recv))
         }
-        (Collective::AllToAll, Some(send)) => all_to_all(t, send, recv),
-        (Collective::Gather, send) => gather(t, send, recv, root),
-        (Collective::Scatter, send) => scatter(t, send, recv, root),
+        (Collective::AllToAll, Some(send)) => all_to_all(t, send, recv, count),
+        (Collective::Gather, send) => gather(t, send, recv, root, count),
+        (Collective::Scatter, send) => scatter(t, send, recv, root, count),
         (c, None) => Err(CommError::Usage(format!("{c} has no in-place form"))),
     }
 }
@@ -818,12 +819,16 @@ fn tree_reduce<T: Element>(
 }
 
 // ANCHOR: all_to_all
-/// `send` and `recv` hold n equal blocks: block `j` of `send` goes to rank `j`, and block `i` of
-/// `recv` comes from rank `i`.
-pub fn all_to_all<T: Element>(t: &dyn Transport, send: &[T], recv: &mut [T]) -> Result<()> {
+/// `send` and `recv` hold n blocks of `count`: block `j` of `send` goes to rank `j`, and block
+/// `i` of `recv` comes from rank `i`.
+pub fn all_to_all<T: Element>(
+    t: &dyn Transport,
+    send: &[T],
+    recv: &mut [T],
+    count: usize,
+) -> Result<()> {
     let _call = CallScope::new(t);
     let (n, rank) = (t.world_size(), t.rank());
-    let count = send.len() / n;
     let block = |i: usize| i * count..(i + 1) * count;
     trace::copying(std::mem::size_of_val(&send[block(rank)]), || {
         recv[block(rank)].copy_from_slice(&send[block(rank)])
@@ -842,7 +847,7 @@ pub fn all_to_all<T: Element>(t: &dyn Transport, send: &[T], recv: &mut [T]) -> 
 // ANCHOR_END: all_to_all
 
 // ANCHOR: gather
-/// The root's `recv` (n equal blocks) gets every rank's block in rank order: each rank sends its
+/// The root's `recv` (n blocks of `count`) gets every rank's block in rank order: each rank sends its
 /// block to the root, which receives them one after another, as Gloo's gather does. In place
 /// (`send` `None`) a rank's block already sits at block `rank` of `recv`. Other ranks' `recv`
 /// is left as it was.
@@ -851,10 +856,10 @@ pub fn gather<T: Element>(
     send: Option<&[T]>,
     recv: &mut [T],
     root: usize,
+    count: usize,
 ) -> Result<()> {
     let _call = CallScope::new(t);
     let (n, rank) = (t.world_size(), t.rank());
-    let count = recv.len() / n;
     let block = |i: usize| i * count..(i + 1) * count;
     if rank != root {
         let mine = send.unwrap_or(&recv[block(rank)]);
@@ -872,7 +877,7 @@ pub fn gather<T: Element>(
 }
 // ANCHOR_END: gather
 
-/// Block `j` of the root's `send` (n equal blocks) lands in rank `j`'s `recv`: the root sends
+/// Block `j` of the root's `send` (n blocks of `count`) lands in rank `j`'s `recv`: the root sends
 /// them one after another, as Gloo's scatter does. In place (`send` `None`) `recv` is n blocks,
 /// the root's input, and each rank's block lands at block `rank`.
 pub fn scatter<T: Element>(
@@ -880,13 +885,10 @@ pub fn scatter<T: Element>(
     send: Option<&[T]>,
     recv: &mut [T],
     root: usize,
+    count: usize,
 ) -> Result<()> {
     let _call = CallScope::new(t);
     let (n, rank) = (t.world_size(), t.rank());
-    let count = match send {
-        Some(_) => recv.len(),
-        None => recv.len() / n,
-    };
     let block = |i: usize| i * count..(i + 1) * count;
     if rank != root {
         let mine = match send {
