@@ -382,10 +382,14 @@ impl Communicator {
         send: Option<&Buffer<T>>,
         recv: &mut Buffer<T>,
     ) -> Result<()> {
+        let placement = if send.is_some() {
+            "out-of-place"
+        } else {
+            "in-place"
+        };
         let _range = crate::profile::range(|| {
-            let placement = if send.is_some() { " out of place" } else { "" };
             format!(
-                "{}{placement} {} x {}",
+                "{} {placement} {} x {}",
                 call.collective,
                 T::DTYPE,
                 recv.len()
@@ -399,15 +403,10 @@ impl Communicator {
         )?;
         let traced = crate::trace::on().then(|| {
             let bytes = recv.len() * std::mem::size_of::<T>();
-            let placement = if send.is_some() {
-                "out-of-place"
-            } else {
-                "in-place"
-            };
             let args = serde_json::json!({"bytes": bytes, "placement": placement});
             (crate::trace::now(), args)
         });
-        let done = self.run_checked(&call, &checked, send, recv);
+        let done = self.run_checked(&checked, send, recv);
         if let Some((start, args)) = traced {
             crate::trace::slice("call", call.collective.name(), start, args);
         }
@@ -417,7 +416,6 @@ impl Communicator {
     /// Runs a checked call on this rank's backend.
     fn run_checked<T: Element>(
         &self,
-        call: &Call,
         checked: &crate::collective::Checked,
         send: Option<&Buffer<T>>,
         recv: &mut Buffer<T>,
@@ -437,7 +435,7 @@ impl Communicator {
                 if self.steps && self.rank == 0 {
                     println!(
                         "({}: on NCCL every step runs inside one kernel)",
-                        call.collective
+                        checked.call.collective
                     );
                 }
                 nccl.collective(checked, send.map(device).transpose()?, device_mut(recv)?)
