@@ -72,6 +72,7 @@ fn colour(kind: &str) -> &'static str {
         "sendrecv" => "#c7a4e0",
         "reduce" => "#f0a05a",
         "copy" => "#f3e27a",
+        "gpu" => "#76b900",
         _ => "#cccccc",
     }
 }

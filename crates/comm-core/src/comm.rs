@@ -74,6 +74,18 @@ fn wrong_kind() -> CommError {
     CommError::Usage("this buffer belongs to a communicator of another backend".into())
 }
 
+/// A copy between buffers of different lengths is refused, naming both.
+fn same_length<T: Element>(what: &str, a: &Buffer<T>, b: &Buffer<T>) -> Result<()> {
+    if a.len() == b.len() {
+        return Ok(());
+    }
+    Err(CommError::Usage(format!(
+        "{what}: a buffer of {} elements and one of {}: they must be as long",
+        a.len(),
+        b.len()
+    )))
+}
+
 fn host<T: Element>(buf: &Buffer<T>) -> Result<&[T]> {
     match &buf.repr {
         Repr::Host(v) => Ok(v),
@@ -105,7 +117,8 @@ fn device_mut<T: Element>(buf: &mut Buffer<T>) -> Result<&mut CudaSlice<T>> {
 enum Engine {
     /// Host memory: the algorithms run over the transport.
     Cpu(Box<dyn Transport>),
-    Nccl(NcclBackend),
+    /// Boxed: a communicator, its stream, watchdog and events are large next to a transport.
+    Nccl(Box<NcclBackend>),
 }
 
 /// This rank's handle on a group of ranks that run collectives together: what a communicator
@@ -168,7 +181,7 @@ impl Communicator {
             world_size,
             local_rank,
             device: Device::Cuda(ordinal),
-            engine: Engine::Nccl(backend),
+            engine: Engine::Nccl(Box::new(backend)),
             store: None,
             name: String::new(),
             transport_line: None,
@@ -302,6 +315,52 @@ impl Communicator {
             (Engine::Nccl(nccl), Repr::Device(d)) => nccl.download(d),
             _ => Err(wrong_kind()),
         }
+    }
+
+    /// Copies `buf`, on this communicator's device, into `host`: a CPU communicator's buffer of
+    /// as many elements, kept by the caller. How a CUDA tensor is staged through host memory
+    /// allocated once (PyTorch's Gloo backend keeps its staging copies too), not a new buffer
+    /// per copy as [`to_host`](Self::to_host) makes.
+    pub fn copy_to_host<T: Element>(&self, buf: &Buffer<T>, host: &mut Buffer<T>) -> Result<()> {
+        same_length("copy_to_host", buf, host)?;
+        let bytes = std::mem::size_of_val(host_mut(host)?);
+        let name = match self.engine {
+            Engine::Cpu(_) => "copy",
+            Engine::Nccl(_) => "copy to host",
+        };
+        crate::trace::copying_as(name, bytes, || {
+            match (&self.engine, &buf.repr, &mut host.repr) {
+                (Engine::Cpu(_), Repr::Host(from), Repr::Host(to)) => {
+                    to.copy_from_slice(from);
+                    Ok(())
+                }
+                (Engine::Nccl(nccl), Repr::Device(from), Repr::Host(to)) => {
+                    nccl.download_into(from, to)
+                }
+                _ => Err(wrong_kind()),
+            }
+        })
+    }
+
+    /// The way back: `host` (a CPU communicator's buffer) into `buf`, on this communicator's
+    /// device, as many elements.
+    pub fn copy_from_host<T: Element>(&self, host: &Buffer<T>, buf: &mut Buffer<T>) -> Result<()> {
+        same_length("copy_from_host", buf, host)?;
+        let from = self::host(host)?;
+        let name = match self.engine {
+            Engine::Cpu(_) => "copy",
+            Engine::Nccl(_) => "copy to the GPU",
+        };
+        crate::trace::copying_as(name, std::mem::size_of_val(from), || {
+            match (&self.engine, &mut buf.repr) {
+                (Engine::Cpu(_), Repr::Host(to)) => {
+                    to.copy_from_slice(from);
+                    Ok(())
+                }
+                (Engine::Nccl(nccl), Repr::Device(to)) => nccl.upload_into(from, to),
+                _ => Err(wrong_kind()),
+            }
+        })
     }
 
     /// Runs `body`, whose collectives are enqueued back to back and waited for once, at the

@@ -1,7 +1,8 @@
 //! Traces (`--trace FILE`): what every rank did and when, as Chrome's trace-event JSON, which
 //! Perfetto (ui.perfetto.dev) and chrome://tracing open: a process per rank (`pid` = rank, a
 //! track per thread of it), a slice per collective call and, on the CPU backend, a slice per send
-//! and receive with its byte count and an arrow from each send to its receive.
+//! and receive with its byte count and an arrow from each send to its receive; on NCCL a slice
+//! per call on the GPU's own track, timed by CUDA events (`backend::nccl::gpu_trace`).
 //!
 //! Each rank records into its own memory, at most [`MAX_EVENTS`] events (later ones are counted
 //! as dropped, and the file says how many). When the job finishes every rank writes its part
@@ -88,13 +89,38 @@ pub fn slice(cat: &str, name: &str, start: f64, args: Value) {
 
 /// Runs `copy`, a local copy of `bytes`, as a `copy` slice when tracing.
 pub fn copying<R>(bytes: usize, copy: impl FnOnce() -> R) -> R {
+    copying_as("copy", bytes, copy)
+}
+
+/// [`copying`] under its own name ("copy to host", "copy to the GPU").
+pub fn copying_as<R>(name: &str, bytes: usize, copy: impl FnOnce() -> R) -> R {
     if !on() {
         return copy();
     }
     let start = now();
     let out = copy();
-    slice("copy", "copy", start, json!({"bytes": bytes}));
+    slice("copy", name, start, json!({"bytes": bytes}));
     out
+}
+
+/// The track of a rank's GPU stream: its slices are the GPU's times, not a host thread's.
+const GPU_TRACK: usize = 1000;
+static GPU_TRACK_NAMED: AtomicBool = AtomicBool::new(false);
+
+/// A slice on this rank's GPU track, `dur` microseconds from `start` (rank 0's clock, as
+/// [`now`]): a kernel as CUDA events timed it.
+pub fn gpu_slice(name: &str, start: f64, dur: f64, args: Value) {
+    let pid = RANK.load(Ordering::Relaxed);
+    if !GPU_TRACK_NAMED.swap(true, Ordering::Relaxed) {
+        record(
+            json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": GPU_TRACK,
+                      "args": {"name": "GPU stream (CUDA events)"}}),
+        );
+    }
+    record(
+        json!({"name": name, "cat": "gpu", "ph": "X", "ts": start, "dur": dur.max(0.0),
+                  "pid": pid, "tid": GPU_TRACK, "args": args}),
+    );
 }
 
 /// The start (`ph: s`, on the sender at `ts`) or end (`ph: f`, on the receiver) of the arrow of

@@ -296,6 +296,28 @@ fn ranks_that_disagree_on_sizes_get_an_error_not_a_hang() {
     }
 }
 
+/// 03's staging: a buffer copied into one kept by the caller and back, no new buffer per copy;
+/// buffers of different lengths are refused. (On a GPU the same calls copy device to host:
+/// scripts/gpu-check.sh runs 03 there.)
+#[test]
+fn staging_copies_into_kept_buffers() {
+    on_ranks(1, Wire::Channels, |comm| {
+        let data = comm.buffer(&[1.0f32, 2.0, 3.0]).unwrap();
+        let mut host = comm.zeros::<f32>(3).unwrap();
+        comm.copy_to_host(&data, &mut host).unwrap();
+        assert_eq!(comm.to_host(&host).unwrap(), [1.0, 2.0, 3.0]);
+        let mut back = comm.zeros::<f32>(3).unwrap();
+        comm.copy_from_host(&host, &mut back).unwrap();
+        assert_eq!(comm.to_host(&back).unwrap(), [1.0, 2.0, 3.0]);
+        let mut short = comm.zeros::<f32>(2).unwrap();
+        let err = comm.copy_to_host(&data, &mut short).unwrap_err().to_string();
+        assert!(
+            err.contains("copy_to_host: a buffer of 3 elements and one of 2"),
+            "{err}"
+        );
+    });
+}
+
 #[test]
 fn bad_arguments_are_usage_errors() {
     on_ranks(2, Wire::Channels, |comm| {

@@ -11,6 +11,7 @@ use cudarc::nccl::{result, sys};
 
 use super::batch::{Batching, Wait};
 use super::errors::{cuda, nccl};
+use super::gpu_trace::GpuTrace;
 use super::group_safe::{GroupSafe, Groups};
 use super::id::{id_from_bytes, new_unique_id};
 use super::init::init_rank;
@@ -44,6 +45,8 @@ pub struct NcclBackend {
     batching: std::cell::Cell<Batching>,
     /// The one-element buffer barriers all-reduce, made at the first.
     barrier_token: std::cell::RefCell<Option<GroupSafe<i32>>>,
+    /// With `--trace`, the GPU's times of the calls, made at the first traced call.
+    gpu_trace: std::cell::RefCell<Option<Box<GpuTrace>>>,
 }
 
 /// How long past its timeout a rank may stay inside a blocking NCCL call before the watchdog ends
@@ -105,6 +108,7 @@ impl NcclBackend {
             watchdog,
             groups: Arc::new(Groups::default()),
             barrier_token: std::cell::RefCell::new(None),
+            gpu_trace: std::cell::RefCell::new(None),
             done,
             batching: std::cell::Cell::new(Batching::default()),
         })
@@ -137,6 +141,10 @@ impl NcclBackend {
         let started = Instant::now();
         for look in 0u64.. {
             if self.done.try_is_complete().map_err(cuda(what))? {
+                // Every call before `done` has finished: its trace events can be read.
+                if let Some(gpu_trace) = self.gpu_trace.borrow_mut().as_mut() {
+                    gpu_trace.read_finished()?;
+                }
                 return self.check_async(what);
             }
             // NCCL's own errors (a peer's network failure) show here, not in the event.
@@ -268,6 +276,13 @@ impl NcclBackend {
     /// In a batch, the calls before it are waited for first, under the watchdog; in a group,
     /// whose calls only run at its end, it is an error.
     pub fn download<T: Element>(&self, buf: &CudaSlice<T>) -> Result<Vec<T>> {
+        let mut host = vec![T::default(); buf.len()];
+        self.download_into(buf, &mut host)?;
+        Ok(host)
+    }
+
+    /// [`download`](Self::download) into host memory the caller keeps (as many elements).
+    pub fn download_into<T: Element>(&self, buf: &CudaSlice<T>, host: &mut [T]) -> Result<()> {
         let wait = self.batching(Batching::download).ok_or_else(|| {
             CommError::Usage(
                 "to_host inside a group: the group's calls only run when it ends".into(),
@@ -275,9 +290,18 @@ impl NcclBackend {
         })?;
         let watched = self.watchdog.arm("the calls before a download");
         self.settle(wait, "the calls before a download", &watched)?;
+        // Into pageable memory the copy has finished when the call returns.
         self.stream
-            .clone_dtoh(buf)
+            .memcpy_dtoh(buf, host)
             .map_err(cuda("copying from the GPU"))
+    }
+
+    /// Copies host values into an existing GPU buffer (as many elements), behind the work
+    /// queued on the stream; the values may be reused as soon as it returns.
+    pub fn upload_into<T: Element>(&self, values: &[T], buf: &mut CudaSlice<T>) -> Result<()> {
+        self.stream
+            .memcpy_htod(values, buf)
+            .map_err(cuda("copying to the GPU"))
     }
 
     /// Enqueues one NCCL call and waits for it as the batching says (outside batches and
@@ -294,12 +318,34 @@ impl NcclBackend {
         // Watched from before the launch: a blocking call can hang in NCCL's connection setup,
         // where only the watchdog sees it.
         let watched = self.watchdog.arm(what);
+        let traced = self.trace_mark()?;
         if let Err(e) = launch(self.comm, self.cu_stream()).and_then(enqueued) {
             self.abort();
             return Err(nccl(what)(e));
         }
+        if let Some(start) = traced {
+            let end = self.trace_mark()?.expect("tracing, as at the start");
+            let mut gpu_trace = self.gpu_trace.borrow_mut();
+            gpu_trace
+                .as_mut()
+                .expect("made by trace_mark")
+                .called(what, start, end);
+        }
         let wait = self.batching(Batching::called);
         self.settle(wait, what, &watched)
+    }
+
+    /// With `--trace`, an event on the stream now (the first one anchors the GPU's times to the
+    /// host's clock). Not inside a group: its calls are only enqueued when it ends.
+    fn trace_mark(&self) -> Result<Option<CudaEvent>> {
+        if !crate::trace::on() || self.groups.is_open() {
+            return Ok(None);
+        }
+        let mut gpu_trace = self.gpu_trace.borrow_mut();
+        if gpu_trace.is_none() {
+            *gpu_trace = Some(Box::new(GpuTrace::anchored(self.stream.clone())?));
+        }
+        gpu_trace.as_ref().expect("made above").mark().map(Some)
     }
 
     /// An all-reduce of one element: returns when every rank got here. Not inside a group,

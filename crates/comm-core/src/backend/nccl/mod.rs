@@ -16,7 +16,7 @@
 //! communicator comes up), `calls` ([`NcclBackend`]: how a call is enqueued and waited for, and the communicator's end),
 //! `collectives` (which NCCL function each call of the collective table is), `batch` (when
 //! calls are waited for), `group_safe` (no buffer freed inside an open group), `events` (marks on
-//! the stream that time its work), `device` (which GPU a rank uses, and that no two ranks share
+//! the stream that time its work), `gpu_trace` (`--trace`'s slices of the GPU's own times), `device` (which GPU a rank uses, and that no two ranks share
 //! one) and [`library`] (finding libnccl).
 
 mod batch;
@@ -25,6 +25,7 @@ mod collectives;
 mod device;
 mod errors;
 mod events;
+mod gpu_trace;
 mod group_safe;
 mod id;
 mod init;
