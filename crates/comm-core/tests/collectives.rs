@@ -310,7 +310,10 @@ fn staging_copies_into_kept_buffers() {
         comm.copy_from_host(&host, &mut back).unwrap();
         assert_eq!(comm.to_host(&back).unwrap(), [1.0, 2.0, 3.0]);
         let mut short = comm.zeros::<f32>(2).unwrap();
-        let err = comm.copy_to_host(&data, &mut short).unwrap_err().to_string();
+        let err = comm
+            .copy_to_host(&data, &mut short)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("copy_to_host: a buffer of 3 elements and one of 2"),
             "{err}"
