@@ -15,19 +15,22 @@
 //! 4. Device: one rank per GPU, `cuda:{local_rank % gpus}`; on the CPU backend, `cpu:{rank}`.
 
 use clap::Parser;
-use comm_core::LaunchArgs;
+use comm_core::{LaunchArgs, MasterArgs};
 
 #[derive(Parser)]
 #[command(about = "Every rank says hello: rank, world size, local rank, device and backend")]
 struct Args {
     #[command(flatten)]
     launch: LaunchArgs,
+    /// Where rank 0 serves the rendezvous store: --master-addr, --master-port.
+    #[command(flatten)]
+    master: MasterArgs,
 }
 
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    comm_core::run(&args.launch, |comm| {
+    comm_core::run_at(&args.launch, &args.master, |comm| {
         // `comm` is ready: the rendezvous is done and every rank is connected.
         println!(
             "Hello from rank {} of {} (local rank {}) on {} with the {} backend",

@@ -8,13 +8,16 @@
 //! (NVLink, PCIe or InfiniBand); the CPU backend sends it along a tree or a pipelined chain.
 
 use clap::Parser;
-use comm_core::LaunchArgs;
+use comm_core::{LaunchArgs, MasterArgs};
 
 #[derive(Parser)]
 #[command(about = "Broadcast rank 0's buffer to every rank and show the grids")]
 struct Args {
     #[command(flatten)]
     launch: LaunchArgs,
+    /// Where rank 0 serves the rendezvous store: --master-addr, --master-port.
+    #[command(flatten)]
+    master: MasterArgs,
     /// Elements per buffer.
     #[arg(long, default_value_t = 4)]
     len: usize,
@@ -23,7 +26,7 @@ struct Args {
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    comm_core::run(&args.launch, |comm| {
+    comm_core::run_at(&args.launch, &args.master, |comm| {
         println!("Rank {} using device: {}", comm.rank(), comm.device());
 
         // The root holds the data; everyone else starts empty.

@@ -9,13 +9,16 @@
 //! all-gather (every block travels once around the ring); NCCL does the same on the GPUs.
 
 use clap::Parser;
-use comm_core::{LaunchArgs, ReduceOp};
+use comm_core::{LaunchArgs, MasterArgs, ReduceOp};
 
 #[derive(Parser)]
 #[command(about = "Sum every rank's buffer with all_reduce and show the grids")]
 struct Args {
     #[command(flatten)]
     launch: LaunchArgs,
+    /// Where rank 0 serves the rendezvous store: --master-addr, --master-port.
+    #[command(flatten)]
+    master: MasterArgs,
     /// Elements per buffer.
     #[arg(long, default_value_t = 4)]
     len: usize,
@@ -24,7 +27,7 @@ struct Args {
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    comm_core::run(&args.launch, |comm| {
+    comm_core::run_at(&args.launch, &args.master, |comm| {
         println!("Rank {} using device: {}", comm.rank(), comm.device());
 
         let mut buf = comm.filled(1.0f32, args.len)?;

@@ -15,7 +15,9 @@
 use clap::Parser;
 use comm_core::launch::announced;
 use comm_core::timing::{busbw, time_iterations};
-use comm_core::{BackendChoice, BackendKind, Collective, Communicator, LaunchArgs, ReduceOp};
+use comm_core::{
+    BackendChoice, BackendKind, Collective, Communicator, LaunchArgs, MasterArgs, ReduceOp,
+};
 use comm_core::{Result, Topology};
 
 #[derive(Parser)]
@@ -40,12 +42,10 @@ struct Args {
     /// ...and this one's.
     #[arg(long, requires = "world_size")]
     rank: Option<usize>,
-    /// Where rank 0 serves the rendezvous store.
-    #[arg(long, visible_alias = "master_addr", default_value = "127.0.0.1")]
-    master_addr: String,
-    /// The port it listens on.
-    #[arg(long, visible_alias = "master_port", default_value_t = 29502)]
-    master_port: u16,
+    /// Where rank 0 serves the rendezvous store: --master-addr (by hand: 127.0.0.1 unless
+    /// given) and --master-port (by hand: the course's 29502 unless given).
+    #[command(flatten)]
+    master: MasterArgs,
 }
 
 /// One half's median seconds, and the bytes each all-reduce of it reduced.
@@ -108,7 +108,9 @@ fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let by_hand = match (args.rank, args.world_size) {
         (Some(rank), Some(world)) => {
-            match Topology::by_hand(rank, world, &args.master_addr, args.master_port) {
+            let addr = args.master.master_addr.as_deref().unwrap_or("127.0.0.1");
+            let port = args.master.master_port.unwrap_or(29502);
+            match Topology::by_hand(rank, world, addr, port) {
                 Ok(t) => Some(t),
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -121,7 +123,7 @@ fn main() -> std::process::ExitCode {
     // ANCHOR: job
     // One job, two communicators over the same ranks and store (built in the same order on every
     // rank): the CPU one unless --backend nccl, then NCCL unless --backend cpu.
-    let code = comm_core::launch::run_job(&args.launch, by_hand, |job| {
+    let code = comm_core::launch::run_job_at(&args.launch, &args.master, by_hand, |job| {
         let choice = args.launch.backend;
         let cpu = match choice {
             BackendChoice::Nccl => None,

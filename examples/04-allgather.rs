@@ -9,13 +9,16 @@
 //! steps every block goes once around it (`--steps` shows each); NCCL does the same on the GPUs.
 
 use clap::Parser;
-use comm_core::LaunchArgs;
+use comm_core::{LaunchArgs, MasterArgs};
 
 #[derive(Parser)]
 #[command(about = "Gather every rank's block on every rank with all_gather and show the grids")]
 struct Args {
     #[command(flatten)]
     launch: LaunchArgs,
+    /// Where rank 0 serves the rendezvous store: --master-addr, --master-port.
+    #[command(flatten)]
+    master: MasterArgs,
     /// Elements in each rank's block.
     #[arg(long, default_value_t = 2)]
     len: usize,
@@ -24,7 +27,7 @@ struct Args {
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    comm_core::run(&args.launch, |comm| {
+    comm_core::run_at(&args.launch, &args.master, |comm| {
         println!("Rank {} using device: {}", comm.rank(), comm.device());
 
         // This rank's block, and room for everyone's.

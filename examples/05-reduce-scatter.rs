@@ -10,13 +10,16 @@
 //! contribution (`--steps` shows the partial sums grow); NCCL does the same on the GPUs.
 
 use clap::Parser;
-use comm_core::{LaunchArgs, ReduceOp};
+use comm_core::{LaunchArgs, MasterArgs, ReduceOp};
 
 #[derive(Parser)]
 #[command(about = "Sum every rank's buffer and scatter its blocks with reduce_scatter")]
 struct Args {
     #[command(flatten)]
     launch: LaunchArgs,
+    /// Where rank 0 serves the rendezvous store: --master-addr, --master-port.
+    #[command(flatten)]
+    master: MasterArgs,
     /// Elements in each rank's block of the result.
     #[arg(long, default_value_t = 2)]
     len: usize,
@@ -25,7 +28,7 @@ struct Args {
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    comm_core::run(&args.launch, |comm| {
+    comm_core::run_at(&args.launch, &args.master, |comm| {
         println!("Rank {} using device: {}", comm.rank(), comm.device());
 
         // n blocks on every rank: 1, 2, 3, ... so each block is told apart.

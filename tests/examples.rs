@@ -270,6 +270,68 @@ fn a_port_in_use_is_reported_by_rank_zero() {
     );
 }
 
+/// `--master-port` and `--master-addr` (or the course's `--master_port`): the ranks an example
+/// starts meet there; a busy port is refused before any rank starts; with a launcher's
+/// MASTER_PORT as well, the flag wins and rank 0 says so.
+#[test]
+fn master_port_and_addr_flags_place_the_store() {
+    let free = std::net::TcpListener::bind(("0.0.0.0", 0)).unwrap();
+    let port = free.local_addr().unwrap().port().to_string();
+    drop(free);
+    let out = run(
+        "02-allreduce",
+        &[
+            "--backend",
+            "cpu",
+            "-n",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            &port,
+        ],
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(grid(&stdout, "After reduce:"), vec![vec!["2"; 4]; 2]);
+
+    let taken = std::net::TcpListener::bind(("0.0.0.0", 0)).unwrap();
+    let busy = taken.local_addr().unwrap().port().to_string();
+    let (code, e) = fails_with_code("00-hello-world", &["-n", "2", "--master-port", &busy], &[]);
+    assert_eq!(code, Some(2), "{e}");
+    assert!(e.contains(&format!("--master-port {busy} is taken")), "{e}");
+    let e = fails("00-hello-world", &["--master-port", "0"], &[]);
+    assert!(e.contains("--master-port"), "{e}");
+
+    // MASTER_PORT names the busy port, the flag a free one: the flag wins, as with torchrun.
+    let env = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", busy.as_str()),
+    ];
+    let output = Command::new(example("00-hello-world"))
+        .args([
+            "--backend",
+            "cpu",
+            "--master-port",
+            &port,
+            "--timeout",
+            "20",
+        ])
+        .plainly()
+        .envs(env)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--master-port {port} wins over the environment's port {busy}"
+        )),
+        "{stderr}"
+    );
+}
+
 /// The course's line example 03 prints for one half (`Gloo` or `NCCL`): (MB, median ms, busbw).
 fn timing_line(stdout: &str, half: &str) -> (usize, f64, f64) {
     let prefix = format!("Rank 0 ({half}): all-reduce ");

@@ -73,6 +73,109 @@ impl Default for LaunchArgs {
 /// forever in practice, so that every deadline computed from it stays representable.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(1_000_000_000);
 
+/// Where rank 0 serves the rendezvous store, as the course's scripts and torchrun take it
+/// (`--master-addr`/`--master-port`, or their underscore spellings). Unset, a program that starts
+/// its own ranks picks 127.0.0.1 and a free port, and a rank started by a launcher reads
+/// `MASTER_ADDR`/`MASTER_PORT` (or Slurm's host list and job id).
+///
+/// Apart from [`LaunchArgs`] so that code building a `LaunchArgs` by hand is unaffected.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct MasterArgs {
+    /// Host where rank 0 serves the rendezvous store. With a launcher's MASTER_ADDR too, this
+    /// flag wins, as torchrun's own flags win over its environment.
+    #[arg(long, visible_alias = "master_addr", value_name = "HOST")]
+    pub master_addr: Option<String>,
+
+    /// Port of the rendezvous store [default: a free port when the program starts its own
+    /// ranks; else MASTER_PORT, or 20000 + Slurm job id mod 20000]. Wins over MASTER_PORT.
+    #[arg(long, visible_alias = "master_port", value_name = "PORT",
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub master_port: Option<u16>,
+}
+
+impl MasterArgs {
+    /// `topology` with the flags applied: a flag wins over what the environment said, and
+    /// rank 0 says so on stderr when they differ. Under torchrun's agent store the store is the
+    /// agent's, at MASTER_ADDR:MASTER_PORT, so a flag that points elsewhere is an error.
+    pub fn apply(&self, mut topology: Topology) -> Result<Topology> {
+        let mut notes = Vec::new();
+        if let Some(addr) = self.master_addr.as_deref().map(str::trim) {
+            if addr.is_empty() {
+                return Err(CommError::Usage("--master-addr is empty".into()));
+            }
+            if addr != topology.master_addr {
+                notes.push(format!(
+                    "--master-addr {addr} wins over MASTER_ADDR={}",
+                    topology.master_addr
+                ));
+                topology.master_addr = addr.to_string();
+            }
+        }
+        if let Some(port) = self.master_port {
+            if port != topology.master_port {
+                notes.push(format!(
+                    "--master-port {port} wins over the environment's port {} (MASTER_PORT, or \
+                     Slurm's job id)",
+                    topology.master_port
+                ));
+                topology.master_port = port;
+            }
+        }
+        if notes.is_empty() {
+            return Ok(topology);
+        }
+        if matches!(topology.store, crate::topology::StoreHost::Agent { .. }) {
+            return Err(CommError::Usage(format!(
+                "{}: but torchrun's agent serves this job's store at MASTER_ADDR:MASTER_PORT and \
+                 every worker must join it; give torchrun --master_addr/--master_port instead",
+                notes.join("; ")
+            )));
+        }
+        if topology.rank == 0 {
+            eprintln!(
+                "note: {} (the flag wins, as torchrun's flags win over its environment)",
+                notes.join("; ")
+            );
+        }
+        Ok(topology)
+    }
+
+    /// For ranks this program starts itself: the flags' host and port, checked now so that a
+    /// busy port or a foreign host is one clear error instead of a rank's failure (or a wait).
+    /// Unset, 127.0.0.1 and no port (the plan picks a free one).
+    fn for_own_ranks(&self) -> Result<(String, Option<u16>)> {
+        let addr = self.master_addr.as_deref().map_or("127.0.0.1", str::trim);
+        if addr.is_empty() {
+            return Err(CommError::Usage("--master-addr is empty".into()));
+        }
+        let ip = std::net::ToSocketAddrs::to_socket_addrs(&(addr, 0))
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| {
+                CommError::Usage(format!(
+                    "--master-addr {addr}: no such host (it does not resolve)"
+                ))
+            })?
+            .ip();
+        // Rank 0 runs here, so the store's host must be this machine.
+        std::net::TcpListener::bind((ip, 0)).map_err(|e| {
+            CommError::Usage(format!(
+                "--master-addr {addr} ({ip}) is not an address of this machine ({e}); the ranks \
+                 start here and rank 0 serves the store here"
+            ))
+        })?;
+        if let Some(port) = self.master_port {
+            std::net::TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
+                CommError::Usage(format!(
+                    "--master-port {port} is taken on this machine ({e}): pick another, or \
+                     leave the flag out and a free port is picked"
+                ))
+            })?;
+        }
+        Ok((addr.to_string(), self.master_port))
+    }
+}
+
 impl LaunchArgs {
     /// `--timeout` as a duration, at most [`MAX_TIMEOUT`]; zero, negative, infinite and NaN
     /// values are usage errors.
@@ -100,6 +203,20 @@ pub fn run(args: &LaunchArgs, body: impl FnOnce(&Communicator) -> Result<()>) ->
 /// [`run`], returning the exit code as a number.
 pub fn run_to_code(args: &LaunchArgs, body: impl FnOnce(&Communicator) -> Result<()>) -> i32 {
     run_as(args, None, body)
+}
+
+/// [`run`] with the store's place from flags ([`MasterArgs`]), as the examples take it.
+pub fn run_at(
+    args: &LaunchArgs,
+    master: &MasterArgs,
+    body: impl FnOnce(&Communicator) -> Result<()>,
+) -> ExitCode {
+    let code = run_job_at(args, master, None, |job| {
+        let comm = announced(job.communicator(args.backend)?);
+        body(&comm)?;
+        comm.close()
+    });
+    ExitCode::from(code.clamp(0, 255) as u8)
 }
 
 /// [`run_to_code`] for a rank whose place is given (flags such as the course's `--rank` and
@@ -144,9 +261,23 @@ pub fn run_job(
     given: Option<Topology>,
     body: impl FnOnce(&Job) -> Result<()>,
 ) -> i32 {
+    run_job_at(args, &MasterArgs::default(), given, body)
+}
+
+/// [`run_job`] with the store's place from flags ([`MasterArgs`]): they win over the
+/// environment, and pick the host and port of the ranks this program starts itself.
+pub fn run_job_at(
+    args: &LaunchArgs,
+    master: &MasterArgs,
+    given: Option<Topology>,
+    body: impl FnOnce(&Job) -> Result<()>,
+) -> i32 {
     // A failure here is not fatal (a CPU job runs on): `select` gives it as NCCL's reason.
     let _ = backend::prepare();
-    let topology = match given.map_or_else(Topology::from_env, |t| Ok(Some(t))) {
+    let topology = given
+        .map_or_else(Topology::from_env, |t| Ok(Some(t)))
+        .and_then(|t| t.map(|t| master.apply(t)).transpose());
+    let topology = match topology {
         Ok(t) => t,
         Err(e) => {
             eprintln!("error: {e}");
@@ -154,7 +285,7 @@ pub fn run_job(
         }
     };
     match topology {
-        None => spawn_ranks(args),
+        None => spawn_ranks(args, master),
         Some(topology) => {
             end_on_closed_output();
             let rank = topology.rank;
@@ -201,7 +332,7 @@ pub fn end_on_closed_output() {
 }
 
 /// The parent's job: choose how many ranks, start them, report how they ended.
-fn spawn_ranks(args: &LaunchArgs) -> i32 {
+fn spawn_ranks(args: &LaunchArgs, master: &MasterArgs) -> i32 {
     let plan = (|| -> Result<SpawnPlan> {
         args.timeout()?;
         if let Some(n) = args.nproc_per_node.filter(|&n| n > 0) {
@@ -221,7 +352,11 @@ fn spawn_ranks(args: &LaunchArgs) -> i32 {
         };
         let program = std::env::current_exe()
             .map_err(|e| CommError::io("cannot find this program to start its ranks", e))?;
-        SpawnPlan::local(program, std::env::args_os().skip(1).collect(), nproc)
+        let (master_addr, master_port) = master.for_own_ranks()?;
+        let mut plan = SpawnPlan::local(program, std::env::args_os().skip(1).collect(), nproc)?;
+        plan.master_addr = master_addr;
+        plan.master_port = master_port.unwrap_or(plan.master_port);
+        Ok(plan)
     })();
     let plan = match plan {
         Ok(plan) => plan,
@@ -250,5 +385,80 @@ fn spawn_ranks(args: &LaunchArgs) -> i32 {
             eprintln!("error: {e}");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::StoreHost;
+
+    fn launched(store: StoreHost) -> Topology {
+        let mut t = Topology::by_hand(1, 2, "node0", 29500).unwrap();
+        t.store = store;
+        t
+    }
+
+    #[test]
+    fn a_master_flag_wins_over_the_environment() {
+        let flags = MasterArgs {
+            master_addr: Some("node1".into()),
+            master_port: Some(29502),
+        };
+        let t = flags.apply(launched(StoreHost::RankZero)).unwrap();
+        assert_eq!((t.master_addr.as_str(), t.master_port), ("node1", 29502));
+        // No flags, or flags that agree: the environment's place, unchanged.
+        let same = MasterArgs {
+            master_addr: Some("node0".into()),
+            master_port: Some(29500),
+        };
+        for flags in [MasterArgs::default(), same] {
+            let t = flags.apply(launched(StoreHost::RankZero)).unwrap();
+            assert_eq!((t.master_addr.as_str(), t.master_port), ("node0", 29500));
+        }
+    }
+
+    #[test]
+    fn under_torchruns_agent_store_a_contradicting_flag_is_an_error() {
+        let flags = MasterArgs {
+            master_addr: None,
+            master_port: Some(29502),
+        };
+        let e = flags
+            .apply(launched(StoreHost::Agent { attempt: 0 }))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--master-port 29502") && e.contains("torchrun's agent"),
+            "{e}"
+        );
+        let agreeing = MasterArgs {
+            master_addr: None,
+            master_port: Some(29500),
+        };
+        assert!(agreeing
+            .apply(launched(StoreHost::Agent { attempt: 0 }))
+            .is_ok());
+    }
+
+    #[test]
+    fn own_ranks_refuse_a_busy_port_and_a_foreign_host() {
+        let busy = std::net::TcpListener::bind(("0.0.0.0", 0)).unwrap();
+        let port = busy.local_addr().unwrap().port();
+        let flags = MasterArgs {
+            master_addr: None,
+            master_port: Some(port),
+        };
+        let e = flags.for_own_ranks().unwrap_err().to_string();
+        assert!(e.contains(&format!("--master-port {port} is taken")), "{e}");
+        // 192.0.2.1 (TEST-NET-1) is no address of this machine.
+        let foreign = MasterArgs {
+            master_addr: Some("192.0.2.1".into()),
+            master_port: None,
+        };
+        let e = foreign.for_own_ranks().unwrap_err().to_string();
+        assert!(e.contains("not an address of this machine"), "{e}");
+        let fine = MasterArgs::default().for_own_ranks().unwrap();
+        assert_eq!(fine, ("127.0.0.1".to_string(), None));
     }
 }

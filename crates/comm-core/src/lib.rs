@@ -40,5 +40,5 @@ pub use dtype::{DType, Element, ReduceOp};
 pub use error::{CommError, Result};
 pub use failure_record::{report_failure, ErrorRecord};
 pub use job::Job;
-pub use launch::{run, LaunchArgs};
+pub use launch::{run, run_at, LaunchArgs, MasterArgs};
 pub use topology::Topology;
