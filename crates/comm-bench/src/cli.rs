@@ -96,6 +96,10 @@ pub enum Command {
     /// Draws a trace (--trace FILE) as an SVG timeline: a lane per rank, a box per call, send
     /// and receive, an arrow per message.
     Timeline(TimelineArgs),
+    /// Predicts nccl-tests' table for a described cluster from NCCL's own cost model (tuning.cc
+    /// of NCCL v2.21.5), with the algorithm and protocol NCCL would choose; `--calibrate` fits it
+    /// to a real sweep, `--csv` and `--plot` put it beside measurements.
+    Predict(crate::predict::PredictArgs),
 }
 
 #[derive(Debug, Clone, Args)]

@@ -116,6 +116,36 @@ pub enum BenchError {
     /// `comm-bench grids` found no grid in a program's output.
     #[error("no grid in {}: give the output of an example (run with --steps to get every step)", path.display())]
     NoGrids { path: PathBuf },
+    /// `comm-bench predict --system` names neither the built-in system nor a file.
+    #[error(
+        "--system {0:?}: no such system; give `leonardo` or the path of a TOML file \
+         (crates/comm-bench/systems/leonardo.toml shows the fields)"
+    )]
+    UnknownSystem(String),
+    /// A system's TOML that does not parse or holds an impossible value.
+    #[error("--system {}: {why}", path.display())]
+    BadSystem { path: PathBuf, why: String },
+    #[error("{flag} 0: give at least 1")]
+    PredictZero { flag: &'static str },
+    #[error("{flag}: give a positive number")]
+    PredictNotPositive { flag: &'static str },
+    #[error(
+        "--nodes {nodes} x --gpus-per-node {gpus_per_node} is more than 4096 GPUs, the most \
+         the model is offered for: use fewer --nodes"
+    )]
+    PredictTooManyGpus { nodes: usize, gpus_per_node: usize },
+    #[error(
+        "--collectives {0}: the model covers all_reduce, all_gather, reduce_scatter, broadcast \
+         and reduce"
+    )]
+    PredictUnsupported(String),
+    /// `--calibrate` found no row the model covers.
+    #[error(
+        "--calibrate {}: no row of all_reduce, all_gather, reduce_scatter, broadcast or reduce \
+         on 2 or more ranks with a time",
+        path.display()
+    )]
+    NothingToCalibrate { path: PathBuf },
     /// plotters could not draw or save a chart.
     #[error("drawing a plot: {0}")]
     Plot(Box<dyn std::error::Error + Send + Sync>),

@@ -8,6 +8,7 @@
 //! - [`driver`]: the parent that starts ranks per world size, and the ranks themselves
 //! - [`table`], [`record`]: nccl-tests' table; rows for CSV/JSON
 //! - [`report`]: plots (plotters, PNG and SVG), markdown and observations
+//! - [`predict`]: NCCL's cost model for a described cluster (`comm-bench predict`)
 //! - [`course`]: the course's own outputs of `--preset profiler` and `--preset allreduce-sweep`
 //! - [`error`]: what can go wrong, one variant per cause
 
@@ -18,6 +19,7 @@ pub mod error;
 pub mod grids;
 pub mod measure;
 pub mod plan;
+pub mod predict;
 pub mod record;
 pub mod report;
 pub mod table;

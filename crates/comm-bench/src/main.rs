@@ -51,6 +51,13 @@ fn main() -> ExitCode {
                 1
             }
         },
+        Some(Command::Predict(args)) => match comm_bench::predict::run(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("comm-bench predict: error: {e}");
+                1
+            }
+        },
         None => comm_bench::driver::run(&cli.bench),
     };
     ExitCode::from(code.clamp(0, 255) as u8)
