@@ -2,14 +2,14 @@
 # The NCCL backend's run-time checks, for a GPU machine that has the CUDA driver and libnccl but
 # no Rust: it runs binaries built elsewhere and prints a pass/fail table.
 #
-#   here:   cargo build --release --examples --workspace
-#   there:  bash scripts/gpu-check.sh            # BIN_DIR=target/release/examples by default
+#   here:   cargo build --release                # every program, nccl-probe and collective-check too
+#   there:  bash scripts/gpu-check.sh            # BIN_DIR=target/release by default
 #
 # BACKEND=cpu GPUS=2 runs the same checks on the CPU backend (the test suite does, so this script
 # cannot rot where there is no GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-BIN_DIR=${BIN_DIR:-target/release/examples}
+BIN_DIR=${BIN_DIR:-target/release}
 BACKEND=${BACKEND:-nccl}
 if [ -z "${GPUS:-}" ]; then
   GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)

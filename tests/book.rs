@@ -297,6 +297,104 @@ fn summary_entries_and_links_resolve() {
     assert!(broken.is_empty(), "broken:\n{}", broken.join("\n"));
 }
 
+/// The programs the book, the README and the scripts run from `target/release` (or gpu-check's
+/// `$BIN_DIR`, which is target/release by default).
+fn programs_run_from_target_release() -> BTreeMap<String, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut texts: Vec<(String, String)> = chapters()
+        .into_iter()
+        .map(|c| (c.clone(), std::fs::read_to_string(src().join(&c)).unwrap()))
+        .collect();
+    for file in [
+        "README.md",
+        "scripts/gpu-check.sh",
+        "scripts/nccl-vs-pytorch.sh",
+    ] {
+        texts.push((
+            file.into(),
+            std::fs::read_to_string(root.join(file)).unwrap(),
+        ));
+    }
+    let mut found = BTreeMap::new();
+    for (file, text) in texts {
+        for prefix in ["target/release/", "$BIN_DIR/"] {
+            for (i, _) in text.match_indices(prefix) {
+                let name: String = text[i + prefix.len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    found.entry(name).or_insert_with(|| file.clone());
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The binaries `cargo build --release` builds: those of the workspace's default members.
+fn built_by_the_one_build() -> Vec<String> {
+    let output = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "cargo metadata failed");
+    let meta: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let defaults: Vec<&str> = meta["workspace_default_members"]
+        .as_array()
+        .expect("cargo metadata lists the default members")
+        .iter()
+        .filter_map(|m| m.as_str())
+        .collect();
+    let mut bins = Vec::new();
+    for package in meta["packages"].as_array().unwrap() {
+        if !defaults.contains(&package["id"].as_str().unwrap()) {
+            continue;
+        }
+        for target in package["targets"].as_array().unwrap() {
+            if target["kind"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|k| k == "bin")
+            {
+                bins.push(target["name"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    bins
+}
+
+/// Every program the book runs from target/release is one that the one build command builds
+/// (nccl-probe and collective-check included), so no reader needs a second build.
+#[test]
+fn the_one_build_builds_every_program_the_book_runs() {
+    let built = built_by_the_one_build();
+    let wanted = programs_run_from_target_release();
+    for program in [
+        "nccl-probe",
+        "collective-check",
+        "00-hello-world",
+        "comm-bench",
+    ] {
+        assert!(
+            wanted.contains_key(program),
+            "the book no longer runs {program}?"
+        );
+    }
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|(name, _)| !built.contains(name))
+        .map(|(name, file)| format!("{file}: target/release/{name}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not built by `cargo build --release` (built: {built:?}):\n{}",
+        missing.join("\n")
+    );
+}
+
 #[test]
 fn marked_output_blocks_are_what_the_commands_print() {
     let mut failures = Vec::new();
