@@ -24,6 +24,7 @@ pub mod job;
 pub mod launch;
 pub mod memory;
 pub mod profile;
+pub mod ring_lesson;
 pub mod spawn;
 pub mod steps;
 pub mod stopwatch;
