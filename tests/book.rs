@@ -395,6 +395,34 @@ fn the_one_build_builds_every_program_the_book_runs() {
     );
 }
 
+/// The hand-made pictures (those the project cannot draw from a run): each exists, is an SVG
+/// with a title (what a screen reader says), has every element it opens closed, and is shown
+/// by a chapter of the book.
+#[test]
+fn hand_made_pictures_exist_and_are_shown() {
+    let texts: String = chapters()
+        .iter()
+        .map(|c| std::fs::read_to_string(src().join(c)).unwrap())
+        .collect();
+    for picture in ["images/leonardo-two-nodes.svg", "images/nccl-startup.svg"] {
+        let svg = std::fs::read_to_string(src().join(picture))
+            .unwrap_or_else(|e| panic!("{picture}: {e}"));
+        let svg = svg.trim();
+        assert!(
+            svg.starts_with("<svg ") && svg.ends_with("</svg>"),
+            "{picture}"
+        );
+        assert!(svg.contains("<title>"), "{picture} has no <title>");
+        let opened = svg.matches('<').count() - svg.matches("</").count();
+        let closed = svg.matches("</").count() + svg.matches("/>").count();
+        assert_eq!(opened, closed, "{picture}: an element is left open");
+        assert!(
+            texts.contains(&format!("]({picture})")),
+            "no chapter shows {picture}"
+        );
+    }
+}
+
 #[test]
 fn marked_output_blocks_are_what_the_commands_print() {
     let mut failures = Vec::new();

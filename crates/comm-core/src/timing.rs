@@ -1,8 +1,13 @@
-//! How long a collective takes, measured as nccl-tests measures it (its `BenchTime`):
+//! How long a collective takes: a loop modelled on nccl-tests' (its `BenchTime`) with its flags,
+//! but not the same program. Exactly:
 //!
-//! - warm-up iterations first, untimed; then a barrier, so every rank starts the timed loop
-//!   together; then `iters` iterations of `aggregate` calls (one group when several), waited for
-//!   as nccl-tests' `-z` says ([`Waiting`]);
+//! - warm-up iterations first, untimed, each after a barrier (nccl-tests runs its warm-up back to
+//!   back); then a barrier, so every rank starts the timed loop together; then `iters` iterations
+//!   of `aggregate` calls (one group when several), waited for as `-z` says ([`Waiting`]; `-z 3`
+//!   is ours, nccl-tests has 0 and 1);
+//! - every barrier goes through the communicator itself (on NCCL an all-reduce of one int32, a
+//!   kernel on the rank's stream; on the CPU a dissemination barrier over its transport), where
+//!   nccl-tests' is MPI's or its threads' on the host;
 //! - **a rank's time** is the host clock's (nccl-tests' `timer`, a steady clock), per call: the
 //!   loop's time over iterations × calls, from the launch of the first call to the end of the
 //!   last one's work (the GPU's work on NCCL, which is waited for); with `-z 3` only the time
