@@ -100,6 +100,17 @@ pub enum Command {
     /// of NCCL v2.21.5), with the algorithm and protocol NCCL would choose; `--calibrate` fits it
     /// to a real sweep, `--csv` and `--plot` put it beside measurements.
     Predict(crate::predict::PredictArgs),
+    /// Fits Hockney's latency-bandwidth model (t = steps x alpha + bytes / B, B from cache below a
+    /// knee and from memory above it) to result files, through each algorithm's steps: alpha, B,
+    /// the half-peak size, each size's error and regime, and what the fit shows in words.
+    Model(ModelArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// CSV or JSON files written by comm-bench --csv/--json.
+    #[arg(required = true, value_name = "FILES")]
+    pub files: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -110,6 +110,9 @@ pub enum BenchError {
     },
     #[error("the files hold no rows: nothing to report")]
     NoRows,
+    /// `comm-bench model` found no series it can fit.
+    #[error("no series to fit: the model needs all_reduce, all_gather, reduce_scatter or broadcast measured at 3 sizes or more on 2 ranks or more")]
+    NothingToFit,
     /// `comm-bench timeline` found no slice in a trace.
     #[error("no slice in {}: give a trace written by --trace", path.display())]
     NoSlices { path: PathBuf },

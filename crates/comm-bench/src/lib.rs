@@ -12,6 +12,7 @@
 //! - [`course`]: the course's own outputs of `--preset profiler` and `--preset allreduce-sweep`
 //! - [`error`]: what can go wrong, one variant per cause
 
+pub mod alpha_beta;
 pub mod cli;
 pub mod course;
 pub mod driver;

@@ -51,6 +51,16 @@ fn main() -> ExitCode {
                 1
             }
         },
+        Some(Command::Model(args)) => match comm_bench::alpha_beta::run(&args.files) {
+            Ok(text) => {
+                print!("{text}");
+                0
+            }
+            Err(e) => {
+                eprintln!("comm-bench model: error: {e}");
+                1
+            }
+        },
         Some(Command::Predict(args)) => match comm_bench::predict::run(args) {
             Ok(()) => 0,
             Err(e) => {

@@ -16,6 +16,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use rayon::prelude::*;
 
+use crate::alpha_beta;
 use crate::error::BenchError;
 use crate::record::{self, Row};
 use crate::units::human_bytes;
@@ -506,11 +507,13 @@ impl Format {
     }
 }
 
-/// A plot's data: lines of (x, y) points.
+/// A plot's data: lines of (x, y) points, and beside each the fitted model's (dashed; empty
+/// where it has none).
 struct Lines {
     title: String,
     y_desc: &'static str,
     lines: Vec<(String, Vec<(f64, f64)>)>,
+    models: Vec<Vec<(f64, f64)>>,
 }
 
 /// The point nearest [`COMPARE_BYTES`] in a series, if one lies within a factor of 2.
@@ -570,6 +573,11 @@ fn draw_charts(charts: &[&Chart], out: &Path) -> Result<Vec<PathBuf>, BenchError
 /// The charts of one collective: time and busbw against size, and the time near 100 MB by
 /// backend and ranks where some series measured near it.
 fn charts(name: &str, file: &str, series: &[Series], naming: Naming) -> Vec<Chart> {
+    // The model's time at each measured size, per series (alpha_beta: why the curve bends).
+    let fits: Vec<Option<alpha_beta::Fit>> = series
+        .iter()
+        .map(|s| alpha_beta::fit_rows(&s.points))
+        .collect();
     let line_chart = |kind: &str, title: String, y_desc, y: fn(&Row) -> f64| Chart {
         stem: plot_stem(naming, file, kind),
         plot: Plot::Lines(Lines {
@@ -580,6 +588,24 @@ fn charts(name: &str, file: &str, series: &[Series], naming: Naming) -> Vec<Char
                 .map(|s| {
                     let p = s.points.iter().map(|r| (r.bytes as f64, y(r)));
                     (s.label.clone(), p.collect())
+                })
+                .collect(),
+            // A row's y scaled by the model's time over the measured one: the model's y.
+            models: series
+                .iter()
+                .zip(&fits)
+                .map(|(s, fit)| {
+                    let Some(fit) = fit else { return Vec::new() };
+                    s.points
+                        .iter()
+                        .filter_map(|r| {
+                            let at = fit.points.iter().position(|p| p.size == r.bytes)?;
+                            let ratio = fit.points[at].time_us / fit.model.time_us(&fit.points[at]);
+                            let y = y(r);
+                            let modelled = if kind == "time" { y / ratio } else { y * ratio };
+                            Some((r.bytes as f64, modelled))
+                        })
+                        .collect()
                 })
                 .collect(),
         }),
@@ -682,6 +708,24 @@ where
         .label_style(("sans-serif", 15))
         .draw()
         .map_err(plot_error)?;
+    for (i, model) in plot.models.iter().enumerate() {
+        let model: Vec<(f64, f64)> = model.iter().copied().filter(|p| p.1 > 0.0).collect();
+        if model.is_empty() {
+            continue;
+        }
+        let style = color(i).stroke_width(1);
+        chart
+            .draw_series(DashedLineSeries::new(model, 6, 4, style))
+            .map_err(plot_error)?;
+    }
+    if plot.models.iter().any(|m| !m.is_empty()) {
+        // One legend entry for all the dashed lines.
+        chart
+            .draw_series(std::iter::empty::<PathElement<(f64, f64)>>())
+            .map_err(plot_error)?
+            .label("dashed: the model, steps x alpha + bytes / B (comm-bench model)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], BLACK.mix(0.6)));
+    }
     for (i, (label, pts)) in plot.lines.iter().enumerate() {
         let style = color(i).stroke_width(2);
         let pts: Vec<(f64, f64)> = pts.iter().copied().filter(|p| p.1 > 0.0).collect();
@@ -784,6 +828,7 @@ fn ms(us: f64) -> String {
 /// backend scales with ranks, and how the backends compare near 100 MB.
 pub fn observe(name: &str, series: &[Series]) -> Vec<String> {
     let mut out: Vec<String> = series.iter().filter_map(|s| saturation(name, s)).collect();
+    out.extend(series.iter().filter_map(|s| modelled(name, s)));
     out.extend(scaling(name, series));
     out.extend(backends_compared(name, series));
     out
@@ -819,7 +864,7 @@ fn saturation(name: &str, s: &Series) -> Option<String> {
         )
     } else if last.busbw_gbps < 0.9 * peak.busbw_gbps {
         format!(
-            "{name}, {}: busbw peaks at {} ({}) and falls to {} at {}: past the peak something else limits it (caches, memory, scheduling).",
+            "{name}, {}: busbw peaks at {} ({}) and falls to {} at {} (the model below says where and why).",
             s.label,
             sized(peak.bytes),
             gbps(peak.busbw_gbps),
@@ -837,6 +882,23 @@ fn saturation(name: &str, s: &Series) -> Option<String> {
             ms(smallest.time_us)
         )
     })
+}
+
+/// The latency-bandwidth model fitted to one series, in words: its constants, the regimes, and
+/// where it stops holding (alpha_beta).
+fn modelled(name: &str, s: &Series) -> Option<String> {
+    let fit = alpha_beta::fit_rows(&s.points)?;
+    let m = &fit.model;
+    let mut text = format!(
+        "{name}, {}: the model t = steps x alpha + bytes / B fits alpha = {:.2} us per step and B = {:.2} GB/s",
+        s.label, m.alpha_us, m.large_gbps()
+    );
+    if m.has_knee() {
+        let _ = write!(text, " ({:.2} GB/s from memory)", m.memory_gbps);
+    }
+    let words = alpha_beta::in_words(&fit, None);
+    let _ = write!(text, "; {}", words.trim().replace("\n  ", " "));
+    Some(text)
 }
 
 /// How it scales with ranks, per backend, at the largest size every world size measured.

@@ -99,6 +99,22 @@ impl Algo {
     }
 }
 
+/// The algorithm the CPU backend runs for `collective` on `bytes` (the call's size, as the
+/// table counts it) and `n` ranks, given `--algo` (`asked`): the same rule the calls follow,
+/// for what explains their times (comm-bench's model). `None` where a collective has no named
+/// algorithm.
+pub fn chosen(collective: Collective, bytes: usize, n: usize, asked: Option<Algo>) -> Option<Algo> {
+    match collective {
+        Collective::AllReduce => Some(all_reduce_algo(asked, bytes, n.max(1))),
+        Collective::Broadcast => Some(broadcast_algo(asked, bytes)),
+        Collective::AllGather | Collective::ReduceScatter => Some(Algo::Ring),
+        _ => None,
+    }
+}
+
+/// The pipelined chain's segment: a broadcast above [`SMALL_BYTES`] moves in pieces this long.
+pub const CHAIN_SEGMENT_BYTES: usize = SEGMENT_BYTES;
+
 /// Runs one checked call of the collective table on this rank's host slices (`send` `None`: in
 /// place, `recv` is the one buffer), with the algorithm `algo` names where it names one of the
 /// collective's: the CPU backend's one dispatch.

@@ -11,7 +11,7 @@ mod tcp;
 mod traced;
 mod transport;
 
-pub use algorithms::Algo;
+pub use algorithms::{chosen, Algo, CHAIN_SEGMENT_BYTES};
 pub use channel::ChannelTransport;
 pub use shm::{remove_own_segments, ShmTcpTransport};
 pub use tcp::TcpTransport;
