@@ -451,8 +451,16 @@ pub struct Series {
     pub rows: Vec<Row>,
 }
 
-/// The `--algo` a row was measured with, from its backend version ("…, ring algorithm …").
+/// The algorithm whose steps explain a row: on the CPU backend the `--algo` it was measured
+/// with, from its backend version ("…, ring algorithm …"), else comm-core's choice by size; on
+/// NCCL its ring (a pipelined chain for broadcast), the algorithm of its bandwidth regime.
 fn asked_algo(row: &Row) -> Option<Algo> {
+    if row.backend != "cpu" {
+        return Some(match row.collective() {
+            Some(Collective::Broadcast) => Algo::Chain,
+            _ => Algo::Ring,
+        });
+    }
     ["ring", "direct", "tree", "chain"]
         .into_iter()
         .find(|name| row.backend_version.contains(&format!("{name} algorithm")))
@@ -461,7 +469,8 @@ fn asked_algo(row: &Row) -> Option<Algo> {
 
 /// The shape of a series' rows and their points (those this model has a structure for).
 pub fn points(rows: &[Row]) -> Option<(Shape, Vec<Point>)> {
-    let first = rows.first()?;
+    // Predictions (comm-bench predict's "model:…" rows) are a model already.
+    let first = rows.first().filter(|r| !r.backend.starts_with("model:"))?;
     let shape = Shape {
         collective: first.collective()?,
         world_size: first.world_size,
@@ -565,9 +574,24 @@ pub fn structure_text(collective: Collective, algos: &[&str]) -> String {
     algos.iter().map(|a| one(a)).collect::<Vec<_>>().join("; ")
 }
 
-/// A size in words (KiB, MiB), for the text.
+/// A size in words: a measured size as the sweep names it (64 KiB), a fitted one to three
+/// figures (2.13 MB).
 pub fn size(bytes: f64) -> String {
-    human_bytes(bytes)
+    if bytes >= 1.0 && (bytes as u64).is_power_of_two() {
+        return human_bytes(bytes);
+    }
+    let (value, unit) = [(1e9, "GB"), (1e6, "MB"), (1e3, "KB")]
+        .into_iter()
+        .find(|(scale, _)| bytes >= *scale)
+        .map_or((bytes, "B"), |(scale, unit)| (bytes / scale, unit));
+    let decimals = if value >= 100.0 {
+        0
+    } else if value >= 10.0 {
+        1
+    } else {
+        2
+    };
+    format!("{value:.decimals$} {unit}")
 }
 
 /// What this machine offers that a knee or a bandwidth can be compared with.
@@ -666,18 +690,24 @@ pub fn describe(label: &str, fit: &Fit, machine: Option<&Machine>) -> String {
         structure_text(fit.shape.collective, &algos)
     );
     let mut bandwidth = match m.switch_bytes {
-        Some(at) => format!(
+        Some(at) if m.cache_gbps.is_finite() => format!(
             "B = {} below {}, {} from it on",
             gbps(m.cache_gbps),
             size(at as f64),
             gbps(m.switched_gbps)
+        ),
+        // Moving cost nothing the fit could tell from the steps and the reduction.
+        Some(at) => format!(
+            "B = {} from {} on (below it the steps and the reduction take all the time)",
+            gbps(m.switched_gbps),
+            size(at as f64)
         ),
         None => format!("B = {}", gbps(m.cache_gbps)),
     };
     if m.has_knee() {
         let _ = write!(
             bandwidth,
-            " in cache, {} from memory past a knee at {} of buffers on the host",
+            "; from memory {}, past a knee at {} of buffers on the host",
             gbps(m.memory_gbps),
             size(m.knee_bytes)
         );

@@ -180,12 +180,12 @@ fn profiler(plan: &Plan, rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, Bench
     Ok(files)
 }
 
-/// The course's name of a backend's CSV: `nccl_gpu_benchmark.csv` as in the course; the CPU
-/// backend (comm-bench's CPU backend, where the course ran Gloo) as `tcp_cpu_benchmark.csv`.
+/// The course's name of a backend's CSV: `nccl_gpu_benchmark.csv` and, for the CPU backend,
+/// which stands where the course ran Gloo, the course's `gloo_cpu_benchmark.csv`.
 pub fn sweep_csv_name(backend: &str) -> String {
     match backend {
         "nccl" => "nccl_gpu_benchmark.csv".into(),
-        "cpu" => "tcp_cpu_benchmark.csv".into(),
+        "cpu" => "gloo_cpu_benchmark.csv".into(),
         other => format!("{}_benchmark.csv", clean(other)),
     }
 }

@@ -185,9 +185,9 @@ fn the_sweep_writes_the_courses_files() {
             "analysis.txt",
             "combined_benchmark.csv",
             "full_results.md",
+            "gloo_cpu_benchmark.csv",
             "report.md",
             "summary_by_config.md",
-            "tcp_cpu_benchmark.csv",
         ],
         "{stderr}"
     );
@@ -197,7 +197,7 @@ fn the_sweep_writes_the_courses_files() {
     assert_eq!(rows.len(), 2);
     assert_eq!(
         rows,
-        comm_bench::record::read(&out.join("tcp_cpu_benchmark.csv")).unwrap()
+        comm_bench::record::read(&out.join("gloo_cpu_benchmark.csv")).unwrap()
     );
     for png in [
         "allreduce_time_vs_datasize",

@@ -6,6 +6,14 @@ use std::process::{Command, Output};
 
 use test_support::process::{scratch, Plainly};
 
+/// Sweeps time this machine: one at a time (tests of one binary run side by side), so that
+/// ranks of two sweeps do not share the cores.
+static ONE_SWEEP_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_sweep_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_SWEEP_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn run(args: &[&str]) -> (Output, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_comm-bench"))
         .plainly()
@@ -40,6 +48,7 @@ fn a_fresh_sweep_is_fitted_close_to_its_measurements() {
     let csv = csv.to_str().unwrap();
     // Each iteration timed alone (-z 3): the model fits the median iteration, which one slow
     // iteration on a busy machine cannot move.
+    let sweeping = one_sweep_at_a_time();
     let (out, _, stderr) = run(&[
         "--backend",
         "cpu",
@@ -61,6 +70,7 @@ fn a_fresh_sweep_is_fitted_close_to_its_measurements() {
         csv,
     ]);
     assert!(out.status.success(), "{stderr}");
+    drop(sweeping);
     let (out, stdout, stderr) = run(&["model", csv]);
     assert!(out.status.success(), "{stderr}");
     let series: Vec<&str> = stdout.lines().filter(|l| l.starts_with("cpu (")).collect();
@@ -140,4 +150,108 @@ fn files_it_cannot_fit_are_refused_with_a_message() {
     let (out, _, stderr) = run(&["model", csv.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.contains("no series to fit"), "{stderr}");
+}
+
+/// The repository's root (this crate is crates/comm-bench).
+fn root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The lines of the chapter's `bash` blocks.
+fn bash_lines(chapter: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut inside = false;
+    for line in chapter.lines() {
+        match (inside, line.trim_start().strip_prefix("```")) {
+            (false, Some(lang)) => inside = lang.trim() == "bash",
+            (true, Some(_)) => inside = false,
+            (true, None) => lines.push(line.trim().to_string()),
+            (false, None) => {}
+        }
+    }
+    lines
+}
+
+/// The lines of the output block after the illustrative mark that names `command`.
+fn shown_output(chapter: &str, command: &str) -> Vec<String> {
+    let mark = chapter
+        .find(&format!("<!-- output-illustrative: {command}"))
+        .unwrap_or_else(|| panic!("a block marked with {command}"));
+    let block = &chapter[mark..];
+    let start = block.find("```text\n").expect("a text block") + "```text\n".len();
+    let end = block[start..].find("```").expect("its end") + start;
+    block[start..end].lines().map(str::to_string).collect()
+}
+
+/// docs/src/curve.md as a reader runs it: every command of its `bash` blocks as written (in a
+/// folder where `target/release/comm-bench` is this build and `docs` the book), its pictures drawn
+/// again and compared (NCCL_WORKSHOP_UPDATE_PICTURES=1 writes them instead), its two output
+/// blocks still what the commands they name print.
+#[test]
+fn the_curve_chapter_runs_as_written_and_redraws_its_pictures() {
+    let chapter = std::fs::read_to_string(root().join("docs/src/curve.md")).unwrap();
+    let dir = scratch("curve-chapter");
+    std::fs::create_dir_all(dir.join("target/release")).unwrap();
+    let bin = dir.join("target/release/comm-bench");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_comm-bench"), &bin).unwrap();
+    std::os::unix::fs::symlink(root().join("docs"), dir.join("docs")).unwrap();
+    let lines = bash_lines(&chapter);
+    assert!(lines.len() >= 6, "{lines:?}");
+    let _sweeping = one_sweep_at_a_time();
+    for line in &lines {
+        let out = Command::new("bash")
+            .plainly()
+            .args(["-c", line])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "`{line}`:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for (drawn, shown) in [
+        ("curve/all_reduce-busbw.svg", "curve-all_reduce-busbw.svg"),
+        ("curve/all_reduce-time.svg", "curve-all_reduce-time.svg"),
+        (
+            "leonardo/all_reduce-busbw.svg",
+            "leonardo-predicted-busbw.svg",
+        ),
+    ] {
+        let drawn = std::fs::read_to_string(dir.join(drawn)).unwrap();
+        let shown_path = root().join("docs/src/images").join(shown);
+        assert!(
+            chapter.contains(&format!("(images/{shown})")),
+            "the chapter shows {shown}"
+        );
+        if std::env::var_os("NCCL_WORKSHOP_UPDATE_PICTURES").is_some() {
+            std::fs::write(&shown_path, &drawn).unwrap();
+        }
+        let shown_text = std::fs::read_to_string(&shown_path).unwrap_or_default();
+        assert!(
+            shown_text == drawn,
+            "{shown} is not what the chapter's commands draw: rerun with NCCL_WORKSHOP_UPDATE_PICTURES=1"
+        );
+    }
+    let printed = |args: &[&str]| {
+        let (out, stdout, stderr) = run(args);
+        assert!(out.status.success(), "{stderr}");
+        stdout
+    };
+    let model = "target/release/comm-bench model docs/src/data/cpu-sweep.csv";
+    let data = root().join("docs/src/data/cpu-sweep.csv");
+    let fitted = printed(&["model", data.to_str().unwrap()]);
+    let predict = "target/release/comm-bench predict --system leonardo --nodes 2 -b 8 -e 8G -f 8";
+    let predicted = printed(&[
+        "predict", "--system", "leonardo", "--nodes", "2", "-b", "8", "-e", "8G", "-f", "8",
+    ]);
+    for (command, output) in [(model, &fitted), (predict, &predicted)] {
+        for line in shown_output(&chapter, command) {
+            assert!(
+                output.lines().any(|l| l == line),
+                "the chapter shows `{line}` from `{command}`, which now prints:\n{output}"
+            );
+        }
+    }
 }

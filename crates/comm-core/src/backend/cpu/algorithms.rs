@@ -2,8 +2,10 @@
 //! Each works in place on one host slice, or out of place reading `send` and writing `recv`
 //! directly (`_into`), never copying the whole input to a scratch buffer first.
 //!
-//! - broadcast: a binomial tree for small messages (log2 n hops), a pipelined chain for large ones
-//!   (each rank forwards a segment while receiving the next, so time ≈ bytes / bandwidth).
+//! - broadcast: a binomial tree for small messages (⌈log2 n⌉ rounds, farthest first: the root
+//!   sends half the world away, then every holder half as far each round), a pipelined chain
+//!   for large ones (each rank forwards a segment while receiving the next, so time ≈ bytes /
+//!   bandwidth).
 //! - all_reduce: small messages go straight to every peer and each rank reduces all n buffers in
 //!   rank order (one round, identical bits everywhere); large ones take the ring: reduce-scatter,
 //!   then all-gather, each n-1 steps moving 1/n of the buffer, so every link carries
