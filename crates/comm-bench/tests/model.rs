@@ -11,7 +11,9 @@ use test_support::process::{scratch, Plainly};
 static ONE_SWEEP_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn one_sweep_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_SWEEP_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+    ONE_SWEEP_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
 }
 
 fn run(args: &[&str]) -> (Output, String, String) {
