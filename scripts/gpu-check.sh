@@ -52,6 +52,22 @@ check broadcast 0 "Gpu $((n - 1)) +\| 42 +\| 42 +\| 42 +\| 42 +\|" "$BIN_DIR/01-
 check allreduce 0 "Gpu $((n - 1)) +\| $n +\| $n +\| $n +\| $n +\|" "$BIN_DIR/02-allreduce" --backend "$BACKEND" -n "$n"
 check collectives 0 "checks: [0-9]+ passed, 0 failed on $n ranks \($BACKEND\)" \
   "$BIN_DIR/collective-check" --backend "$BACKEND" -n "$n"
+# --trace: every rank's calls in one file (the CPU backend adds its sends and receives); on NCCL
+# each call also has a slice on the rank's GPU track, timed by CUDA events.
+check trace 0 '"cat":"call"' bash -c "'$BIN_DIR/02-allreduce' --backend '$BACKEND' -n '$n' \
+  --trace '$LOGS/trace.json' >/dev/null && cat '$LOGS/trace.json'"
+if [ "$BACKEND" = nccl ]; then
+  check gpu-trace 0 '"cat":"gpu"' cat "$LOGS/trace.json"
+fi
+# 03's Gloo half as the book would draw it: copy to host, the CPU ring, copy back (on a GPU the
+# copies are real device-to-host ones). Where comm-bench was built beside the examples.
+if [ -x "$BIN_DIR/comm-bench" ]; then
+  gloo_backend=$([ "$BACKEND" = nccl ] && echo auto || echo "$BACKEND")
+  check gloo-half-timeline 0 "^wrote .*03-gloo-timeline.svg" bash -c \
+    "'$BIN_DIR/03-multinode-gloo-vs-nccl' --backend $gloo_backend -n '$n' --size-mb 8 --iters 3 \
+     --warmup 1 --trace '$LOGS/03.json' && '$BIN_DIR/comm-bench' timeline '$LOGS/03.json' \
+     -o '$LOGS/03-gloo-timeline.svg'"
+fi
 if [ "$BACKEND" = nccl ]; then
   # One rank more than GPUs: rank n takes cuda:0 again, and the ranks' PCI bus ids say so.
   check too-many-ranks fail "ranks 0 and $n share one GPU on host .* \\(PCI bus id " \
