@@ -2,25 +2,15 @@
 //! result caught by the check, ranks started by a launcher, and `report` on a fixed CSV.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
 use comm_bench::record::{self, Row};
 use comm_core::Collective;
+mod common;
+
+use common::{comm_bench, run};
 use test_support::process::{run_together, scratch, Plainly};
-
-fn comm_bench() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_comm-bench"));
-    c.plainly();
-    c
-}
-
-fn run(args: &[&str]) -> (Output, String, String) {
-    let out = comm_bench().args(args).output().expect("comm-bench runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    (out, stdout, stderr)
-}
 
 /// Placements measured per size with `--collectives all`: out of place for every collective of
 /// comm-core's table, in place where the table says it has that form.

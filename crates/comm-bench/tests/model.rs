@@ -2,8 +2,11 @@
 //! described and close to its measurements; the report's words and curves from the same fit;
 //! files it cannot fit refused with a message.
 
-use std::process::{Command, Output};
+use std::process::Command;
 
+mod common;
+
+use common::run;
 use test_support::process::{scratch, Plainly};
 
 /// Sweeps time this machine: one at a time (tests of one binary run side by side), so that
@@ -14,17 +17,6 @@ fn one_sweep_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_SWEEP_AT_A_TIME
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-}
-
-fn run(args: &[&str]) -> (Output, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_comm-bench"))
-        .plainly()
-        .args(args)
-        .output()
-        .expect("comm-bench runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    (out, stdout, stderr)
 }
 
 /// The percentage after `label` in `line` ("error at most 12% (at 2 MiB), median 4%").

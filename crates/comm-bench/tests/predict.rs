@@ -3,19 +3,12 @@
 //! of NCCL on Leonardo and similar A100 systems.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use comm_bench::record;
-use test_support::process::{scratch, Plainly};
+mod common;
 
-fn run(args: &[&str]) -> (Output, String, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_comm-bench"));
-    c.plainly();
-    let out = c.args(args).output().expect("comm-bench runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    (out, stdout, stderr)
-}
+use common::run;
+use test_support::process::scratch;
 
 /// One predicted line: size, count, type, redop, root, time, algbw, busbw, algo, proto.
 #[derive(Debug)]
