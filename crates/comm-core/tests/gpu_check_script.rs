@@ -37,7 +37,13 @@ fn the_gpu_check_script_passes_on_the_cpu_backend() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    for check in ["hello-world", "broadcast", "allreduce", "collectives", "trace"] {
+    for check in [
+        "hello-world",
+        "broadcast",
+        "allreduce",
+        "collectives",
+        "trace",
+    ] {
         let row = stdout
             .lines()
             .find(|l| l.starts_with(check))
