@@ -177,6 +177,8 @@ pub struct Shape {
     pub in_place: bool,
     /// `--algo`, if the sweep named one.
     pub asked: Option<Algo>,
+    /// The CPU backend: its copies run from the host's caches or its memory (NCCL's do not).
+    pub on_cpu: bool,
 }
 
 impl Shape {
@@ -202,19 +204,41 @@ pub struct Fit {
     pub errors: Vec<f64>,
 }
 
-/// Knees tried: 48 per decade... from 16 KB to 16 GB, 8 per decade.
-fn knees() -> impl Iterator<Item = f64> {
-    (0..=48).map(|i| 16e3 * 10f64.powf(i as f64 / 8.0))
+/// Knees tried: from 16 KB to 16 GB, 8 per decade, each with two measured sizes or more on
+/// either side of it (the buffers within it, and twice past it); none (an infinite knee) where
+/// the backend has no host cache to outgrow (NCCL) or there are too few sizes to place one.
+fn knees(shape: &Shape, points: &[Point]) -> Vec<f64> {
+    if !shape.on_cpu || points.len() < 6 {
+        return vec![f64::INFINITY];
+    }
+    let within = |knee: f64| points.iter().filter(|p| p.working_set <= knee).count();
+    let past = |knee: f64| {
+        points
+            .iter()
+            .filter(|p| p.working_set >= 2.0 * knee)
+            .count()
+    };
+    let mut knees: Vec<f64> = (0..=48)
+        .map(|i| 16e3 * 10f64.powf(i as f64 / 8.0))
+        .filter(|&knee| within(knee) >= 2 && past(knee) >= 2)
+        .collect();
+    knees.push(f64::INFINITY);
+    knees
 }
+
+/// A protocol switch is looked for only in a sweep of this many sizes or more.
+const SWITCH_FROM_POINTS: usize = 8;
 
 /// Fits the model to `points` of one `shape` (at least 3); `None` if there are fewer.
 pub fn fit(shape: Shape, points: &[Point]) -> Option<Fit> {
     if points.len() < 3 {
         return None;
     }
+    let knees = knees(&shape, points);
     let best_with = |switch: Option<u64>| {
-        knees()
-            .map(|knee| fit_at(points, knee, switch))
+        knees
+            .iter()
+            .map(|&knee| fit_at(points, knee, switch))
             .min_by(|a, b| a.0.total_cmp(&b.0))
             .expect("knees")
     };
@@ -226,7 +250,7 @@ pub fn fit(shape: Shape, points: &[Point]) -> Option<Fit> {
         .iter()
         .map(|p| (model.time_us(p) / p.time_us - 1.0).abs())
         .fold(0.0, f64::max);
-    let switches = if worst > 3.0 * MIN_SCALE {
+    let switches = if worst > 3.0 * MIN_SCALE && points.len() >= SWITCH_FROM_POINTS {
         points.len().saturating_sub(3)
     } else {
         0
@@ -476,6 +500,7 @@ pub fn points(rows: &[Row]) -> Option<(Shape, Vec<Point>)> {
         world_size: first.world_size,
         in_place: first.placement == "in-place",
         asked: asked_algo(first),
+        on_cpu: first.backend == "cpu",
     };
     let mut points: Vec<Point> = rows
         .iter()
@@ -758,6 +783,18 @@ pub fn describe(label: &str, fit: &Fit, machine: Option<&Machine>) -> String {
     out
 }
 
+/// How much slower bytes move past the knee: "3.8x slower", or their rate where before the knee
+/// they cost nothing the fit could see.
+fn slowdown(m: &Model) -> String {
+    match m.large_gbps().is_finite() {
+        true => format!("{:.1}x slower", m.large_gbps() / m.memory_gbps),
+        false => format!(
+            "at {}, where before it they cost nothing the fit can see",
+            gbps(m.memory_gbps)
+        ),
+    }
+}
+
 /// What the fit shows, in sentences: where each regime begins, where the model stops holding,
 /// and what on this machine the knee and the bandwidths compare with.
 pub fn in_words(fit: &Fit, machine: Option<&Machine>) -> String {
@@ -787,21 +824,21 @@ pub fn in_words(fit: &Fit, machine: Option<&Machine>) -> String {
         let cache = machine.and_then(|mc| mc.cache_near(m.knee_bytes));
         words.push(match (machine, cache) {
             (_, Some((name, bytes))) => format!(
-                "The knee, {} of buffers, is about this machine's {name} cache ({}): past it the copies run from memory, {:.1}x slower.",
+                "The knee, {} of buffers, is about this machine's {name} cache ({}): past it the copies run from memory, {}.",
                 size(m.knee_bytes),
                 size(*bytes),
-                m.large_gbps() / m.memory_gbps
+                slowdown(m)
             ),
             (Some(mc), None) => format!(
-                "The knee, {} of buffers, matches none of this machine's caches ({}): something other than a cache's size slows the copies {:.1}x there.",
+                "The knee, {} of buffers, matches none of this machine's caches ({}): something other than a cache's size slows the copies there ({}).",
                 size(m.knee_bytes),
                 mc.caches.iter().map(|(n, b)| format!("{n} {}", size(*b))).collect::<Vec<_>>().join(", "),
-                m.large_gbps() / m.memory_gbps
+                slowdown(m)
             ),
             (None, _) => format!(
-                "The knee, {} of buffers: past it the copies are {:.1}x slower.",
+                "The knee, {} of buffers: past it the copies run {}.",
                 size(m.knee_bytes),
-                m.large_gbps() / m.memory_gbps
+                slowdown(m)
             ),
         });
     }
@@ -880,6 +917,7 @@ mod tests {
             world_size,
             in_place: false,
             asked: None,
+            on_cpu: true,
         }
     }
 
@@ -982,6 +1020,23 @@ mod tests {
             "{:?}",
             fit.errors
         );
+    }
+
+    #[test]
+    fn no_knee_on_a_gpu_nor_from_a_few_sizes() {
+        let truth = truth();
+        let gpu = Shape {
+            on_cpu: false,
+            ..shape(Collective::AllGather, 4)
+        };
+        let fit = fit(gpu, &sweep(gpu, &truth)).unwrap();
+        assert!(!fit.model.has_knee(), "{:?}", fit.model);
+        let cpu = shape(Collective::AllGather, 4);
+        let few: Vec<Point> = sweep(cpu, &truth).into_iter().step_by(4).collect();
+        assert!(few.len() < 6);
+        let fit = super::fit(cpu, &few).unwrap();
+        assert!(!fit.model.has_knee(), "{:?}", fit.model);
+        assert_eq!(fit.model.switch_bytes, None);
     }
 
     #[test]
