@@ -254,7 +254,7 @@ const TABLE: [Description; Collective::ALL.len()] = [
         ..BASE
     },
     // ANCHOR_END: alltoall
-    // NCCL has no gather: nccl-tests builds it from one group of sends to the root and,
+    // NCCL before 2.28 has no gather: nccl-tests builds it from one group of sends to the root and,
     // on the root, a receive from every rank. Every rank holds a receive buffer of n
     // blocks, as nccl-tests allocates it; only the root's is written.
     Description {
