@@ -462,7 +462,10 @@ impl Communicator {
         )?;
         let traced = crate::trace::on().then(|| {
             let bytes = recv.len() * std::mem::size_of::<T>();
-            let args = serde_json::json!({"bytes": bytes, "placement": placement});
+            let args = crate::trace::Args {
+                placement: Some(placement),
+                ..crate::trace::Args::bytes(bytes)
+            };
             (crate::trace::now(), args)
         });
         let done = self.run_checked(&checked, send, recv);

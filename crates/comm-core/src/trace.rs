@@ -18,6 +18,7 @@
 //!
 //! Off, the only cost is one relaxed atomic load per collective call: nothing else is wrapped.
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -49,7 +50,6 @@ thread_local! {
 fn place() -> (usize, usize) {
     (RANK.load(Ordering::Relaxed), TRACK.with(|t| *t))
 }
-static EVENTS: Mutex<Vec<Value>> = Mutex::new(Vec::new());
 
 /// Whether this process records a trace.
 pub fn on() -> bool {
@@ -68,7 +68,111 @@ fn local_ns() -> i64 {
     since.as_nanos() as i64
 }
 
-fn record(event: Value) {
+/// What a slice carries besides its name: the few facts the project records, kept as numbers
+/// until the file is written (a JSON object per event would cost microseconds a call).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Args {
+    /// Bytes the slice moved, reduced or copied.
+    pub bytes: Option<usize>,
+    /// The peer a message went to.
+    pub to: Option<usize>,
+    /// The peer a message came from.
+    pub from: Option<usize>,
+    /// A call's placement: in-place or out-of-place.
+    pub placement: Option<&'static str>,
+    /// How far a GPU slice's start can be off the host clock, µs.
+    pub anchor_within_us: Option<f64>,
+}
+
+impl Args {
+    /// Only a byte count.
+    pub fn bytes(bytes: usize) -> Args {
+        Args {
+            bytes: Some(bytes),
+            ..Args::default()
+        }
+    }
+
+    fn to_json(self) -> Value {
+        let mut args = serde_json::Map::new();
+        let mut put = |key: &str, value: Option<Value>| {
+            if let Some(value) = value {
+                args.insert(key.into(), value);
+            }
+        };
+        put("bytes", self.bytes.map(Value::from));
+        put("to", self.to.map(Value::from));
+        put("from", self.from.map(Value::from));
+        put("placement", self.placement.map(Value::from));
+        put("anchor_within_us", self.anchor_within_us.map(Value::from));
+        Value::Object(args)
+    }
+}
+
+/// One recorded event, as cheap to keep as it can be; JSON only when the part is written.
+enum Event {
+    /// A slice (`ph: X`) on track `tid` of process `pid`.
+    Slice {
+        cat: &'static str,
+        name: Cow<'static, str>,
+        ts: f64,
+        dur: f64,
+        pid: usize,
+        tid: usize,
+        args: Args,
+    },
+    /// One end of a message's arrow: the start on the sender, the end on the receiver.
+    Arrow {
+        start: bool,
+        from: usize,
+        to: usize,
+        seq: u64,
+        ts: f64,
+        pid: usize,
+        tid: usize,
+    },
+    /// Metadata (names of processes and tracks): a few per rank.
+    Meta(Value),
+}
+
+impl Event {
+    fn to_json(&self) -> Value {
+        match self {
+            Event::Slice {
+                cat,
+                name,
+                ts,
+                dur,
+                pid,
+                tid,
+                args,
+            } => json!({"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": dur, "pid": pid,
+                        "tid": tid, "args": args.to_json()}),
+            Event::Arrow {
+                start,
+                from,
+                to,
+                seq,
+                ts,
+                pid,
+                tid,
+            } => {
+                let mut event = json!({"name": "message", "cat": "message", "ts": ts,
+                                       "pid": pid, "tid": tid, "id": format!("{from}>{to}#{seq}")});
+                event["ph"] = json!(if *start { "s" } else { "f" });
+                if !start {
+                    event["bp"] = json!("e"); // the arrow ends at the enclosing slice
+                }
+                event
+            }
+            Event::Meta(value) => value.clone(),
+        }
+    }
+}
+
+static EVENTS: Mutex<Vec<Event>> = Mutex::new(Vec::new());
+
+fn record(event: Event) {
     let mut events = EVENTS.lock().unwrap_or_else(|e| e.into_inner());
     if events.len() < MAX_EVENTS {
         events.push(event);
@@ -78,13 +182,19 @@ fn record(event: Value) {
 }
 
 /// A slice on this rank's track, from `start` (see [`now`]) to now.
-pub fn slice(cat: &str, name: &str, start: f64, args: Value) {
+pub fn slice(cat: &'static str, name: impl Into<Cow<'static, str>>, start: f64, args: Args) {
     let (pid, tid) = place();
     let dur = (now() - start).max(0.0);
-    record(
-        json!({"name": name, "cat": cat, "ph": "X", "ts": start, "dur": dur,
-                  "pid": pid, "tid": tid, "args": args}),
-    );
+    let name = name.into();
+    record(Event::Slice {
+        cat,
+        name,
+        ts: start,
+        dur,
+        pid,
+        tid,
+        args,
+    });
 }
 
 /// Runs `copy`, a local copy of `bytes`, as a `copy` slice when tracing.
@@ -93,13 +203,13 @@ pub fn copying<R>(bytes: usize, copy: impl FnOnce() -> R) -> R {
 }
 
 /// [`copying`] under its own name ("copy to host", "copy to the GPU").
-pub fn copying_as<R>(name: &str, bytes: usize, copy: impl FnOnce() -> R) -> R {
+pub fn copying_as<R>(name: &'static str, bytes: usize, copy: impl FnOnce() -> R) -> R {
     if !on() {
         return copy();
     }
     let start = now();
     let out = copy();
-    slice("copy", name, start, json!({"bytes": bytes}));
+    slice("copy", name, start, Args::bytes(bytes));
     out
 }
 
@@ -109,31 +219,38 @@ static GPU_TRACK_NAMED: AtomicBool = AtomicBool::new(false);
 
 /// A slice on this rank's GPU track, `dur` microseconds from `start` (rank 0's clock, as
 /// [`now`]): a kernel as CUDA events timed it.
-pub fn gpu_slice(name: &str, start: f64, dur: f64, args: Value) {
+pub fn gpu_slice(name: String, start: f64, dur: f64, args: Args) {
     let pid = RANK.load(Ordering::Relaxed);
     if !GPU_TRACK_NAMED.swap(true, Ordering::Relaxed) {
-        record(
+        record(Event::Meta(
             json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": GPU_TRACK,
-                      "args": {"name": "GPU stream (CUDA events)"}}),
-        );
+                   "args": {"name": "GPU stream (CUDA events)"}}),
+        ));
     }
-    record(
-        json!({"name": name, "cat": "gpu", "ph": "X", "ts": start, "dur": dur.max(0.0),
-                  "pid": pid, "tid": GPU_TRACK, "args": args}),
-    );
+    record(Event::Slice {
+        cat: "gpu",
+        name: name.into(),
+        ts: start,
+        dur: dur.max(0.0),
+        pid,
+        tid: GPU_TRACK,
+        args,
+    });
 }
 
 /// The start (`ph: s`, on the sender at `ts`) or end (`ph: f`, on the receiver) of the arrow of
 /// message `seq` from rank `from` to rank `to`.
 pub fn arrow(start: bool, from: usize, to: usize, seq: u64, ts: f64) {
     let (pid, tid) = place();
-    let (ph, bp) = if start { ("s", None) } else { ("f", Some("e")) };
-    let mut event = json!({"name": "message", "cat": "message", "ph": ph, "ts": ts, "pid": pid,
-                           "tid": tid, "id": format!("{from}>{to}#{seq}")});
-    if let Some(bp) = bp {
-        event["bp"] = json!(bp);
-    }
-    record(event);
+    record(Event::Arrow {
+        start,
+        from,
+        to,
+        seq,
+        ts,
+        pid,
+        tid,
+    });
 }
 
 /// Starts recording for `rank`, its clock set against rank 0's through the store in `scope`
@@ -141,10 +258,14 @@ pub fn arrow(start: bool, from: usize, to: usize, seq: u64, ts: f64) {
 pub fn start(scope: &Scoped, rank: usize, world_size: usize) -> Result<()> {
     RANK.store(rank, Ordering::Relaxed);
     align_clock(scope, rank, world_size)?;
-    record(json!({"name": "process_name", "ph": "M", "pid": rank,
-                  "args": {"name": format!("rank {rank}")}}));
-    record(json!({"name": "process_sort_index", "ph": "M", "pid": rank,
-                  "args": {"sort_index": rank}}));
+    record(Event::Meta(
+        json!({"name": "process_name", "ph": "M", "pid": rank,
+                              "args": {"name": format!("rank {rank}")}}),
+    ));
+    record(Event::Meta(
+        json!({"name": "process_sort_index", "ph": "M", "pid": rank,
+                              "args": {"sort_index": rank}}),
+    ));
     ON.store(true, Ordering::Relaxed);
     Ok(())
 }
@@ -188,6 +309,7 @@ fn part(file: &Path, rank: usize) -> std::path::PathBuf {
 pub fn write_part(file: &Path) -> Result<()> {
     let rank = RANK.load(Ordering::Relaxed);
     let events = std::mem::take(&mut *EVENTS.lock().unwrap_or_else(|e| e.into_inner()));
+    let events: Vec<Value> = events.iter().map(Event::to_json).collect();
     let notes = json!({"rank": rank, "dropped_events": DROPPED.load(Ordering::Relaxed),
                        "clock_offset_us": OFFSET_NS.load(Ordering::Relaxed) as f64 / 1000.0,
                        "clock_within_us": OFFSET_BOUND_NS.load(Ordering::Relaxed) as f64 / 1000.0});

@@ -537,7 +537,7 @@ fn reduce_step<T: Element>(
                 None => dtype::reduce_into(op, &mut acc[at], piece),
             }
             if let Some(start) = started {
-                let args = serde_json::json!({"bytes": bytes});
+                let args = crate::trace::Args::bytes(bytes);
                 crate::trace::slice("reduce", "reduce a piece", start, args);
             }
         },

@@ -4,11 +4,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde_json::json;
-
 use super::transport::{Sink, Transport};
 use crate::error::Result;
-use crate::trace;
+use crate::trace::{self, Args};
 
 /// `inner`, traced.
 pub struct Traced {
@@ -43,13 +41,17 @@ impl Traced {
         to: usize,
         bytes: usize,
         from: usize,
-        name: &str,
+        name: String,
         exchange: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let start = trace::now();
         self.sending(to, start);
         let done = exchange();
-        let args = json!({"bytes": bytes, "to": to, "from": from});
+        let args = Args {
+            to: Some(to),
+            from: Some(from),
+            ..Args::bytes(bytes)
+        };
         trace::slice("sendrecv", name, start, args);
         self.received(from, trace::now());
         done
@@ -75,23 +77,29 @@ impl Transport for Traced {
         let start = trace::now();
         self.sending(peer, start);
         let sent = self.inner.send(peer, data);
-        let args = json!({"bytes": data.len(), "to": peer});
-        trace::slice("send", &format!("send to {peer}"), start, args);
+        let args = Args {
+            to: Some(peer),
+            ..Args::bytes(data.len())
+        };
+        trace::slice("send", format!("send to {peer}"), start, args);
         sent
     }
 
     fn recv(&self, peer: usize, out: &mut [u8]) -> Result<()> {
         let start = trace::now();
         let received = self.inner.recv(peer, out);
-        let args = json!({"bytes": out.len(), "from": peer});
-        trace::slice("recv", &format!("receive from {peer}"), start, args);
+        let args = Args {
+            from: Some(peer),
+            ..Args::bytes(out.len())
+        };
+        trace::slice("recv", format!("receive from {peer}"), start, args);
         self.received(peer, trace::now());
         received
     }
 
     fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
         let name = format!("send to {to}, receive from {from}");
-        self.exchange(to, data.len(), from, &name, || {
+        self.exchange(to, data.len(), from, name, || {
             self.inner.send_recv(to, data, from, out)
         })
     }
@@ -105,7 +113,7 @@ impl Transport for Traced {
         sink: Sink<'_>,
     ) -> Result<()> {
         let name = format!("send to {to}, receive and reduce from {from}");
-        self.exchange(to, data.len(), from, &name, || {
+        self.exchange(to, data.len(), from, name, || {
             self.inner.send_recv_with(to, data, from, len, sink)
         })
     }

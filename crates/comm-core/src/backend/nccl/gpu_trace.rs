@@ -12,7 +12,6 @@
 use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaEvent, CudaStream};
-use serde_json::json;
 
 use super::errors::cuda;
 use crate::error::Result;
@@ -93,8 +92,11 @@ impl GpuTrace {
             };
             let start = self.anchor_us + ms(&self.anchor, &call.start)?;
             let dur = ms(&call.start, &call.end)?;
-            let args = json!({"anchor_within_us": self.within_us});
-            trace::gpu_slice(&call.name, start, dur, args);
+            let args = trace::Args {
+                anchor_within_us: Some(self.within_us),
+                ..trace::Args::default()
+            };
+            trace::gpu_slice(call.name, start, dur, args);
         }
         self.pending = kept;
         Ok(())
