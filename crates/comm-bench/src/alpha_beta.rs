@@ -113,8 +113,6 @@ pub struct Model {
     pub alpha_us: f64,
     /// Bandwidth while the buffers fit in the cache, GB/s (infinite if the fit found none).
     pub cache_gbps: f64,
-    /// Bandwidth from memory, GB/s (as `cache_gbps` where the fit found no knee).
-    pub memory_gbps: f64,
     /// Bytes reduced per second in cache, GB/s (Thakur's 1/γ; infinite: no cost the fit sees).
     pub reduce_gbps: f64,
     /// Where the transport changes how it moves a message (as MPI's eager and rendezvous
@@ -157,9 +155,20 @@ impl Model {
         }
     }
 
+    /// Bandwidth from memory, GB/s: the largest messages' rate with memory's extra (as
+    /// [`large_gbps`](Self::large_gbps) where the fit found no knee).
+    pub fn memory_gbps(&self) -> f64 {
+        let beta = per_byte(self.large_gbps()) + self.memory_extra_us;
+        if beta > 0.0 {
+            1e-3 / beta
+        } else {
+            f64::INFINITY
+        }
+    }
+
     /// Whether the knee matters: memory slower than cache by more than 5%.
     pub fn has_knee(&self) -> bool {
-        self.memory_gbps < 0.95 * self.large_gbps()
+        self.memory_gbps() < 0.95 * self.large_gbps()
     }
 }
 
@@ -331,12 +340,9 @@ fn fit_at(points: &[Point], knee: f64, switch: Option<u64>) -> (f64, Model) {
             f64::INFINITY
         }
     };
-    // With a switch, the memory rate is the rate above it plus the extra.
-    let base = if switch.is_some() { x[2] } else { x[1] };
     let model = Model {
         alpha_us: x[0],
         cache_gbps: gbps(x[1]),
-        memory_gbps: gbps(base + x[4]),
         reduce_gbps: gbps(x[3]),
         switch_bytes: switch,
         switched_gbps: gbps(x[2]),
@@ -470,8 +476,6 @@ impl Fit {
 #[derive(Debug, Clone)]
 pub struct Series {
     pub label: String,
-    pub collective: Collective,
-    pub world_size: usize,
     pub rows: Vec<Row>,
 }
 
@@ -554,36 +558,24 @@ pub fn series(rows: &[Row]) -> Vec<Series> {
     }
     groups
         .into_iter()
-        .filter_map(
+        .map(
             |((backend, transport, name, n, nodes, placement, ..), rows)| {
-                let collective = rows[0].collective()?;
                 let mut label = format!("{backend} ({transport}), {name}, {n} ranks");
                 if nodes > 1 {
                     let _ = write!(label, " on {nodes} nodes");
                 }
                 let _ = write!(label, ", {placement}");
-                Some(Series {
-                    label,
-                    collective,
-                    world_size: n,
-                    rows: median_per_size(rows),
-                })
+                let mut by_size: BTreeMap<u64, Vec<Row>> = BTreeMap::new();
+                for r in rows {
+                    by_size.entry(r.bytes).or_default().push(r);
+                }
+                let rows = by_size
+                    .into_values()
+                    .map(crate::report::median_row)
+                    .collect();
+                Series { label, rows }
             },
         )
-        .collect()
-}
-
-fn median_per_size(rows: Vec<Row>) -> Vec<Row> {
-    let mut by_size: BTreeMap<u64, Vec<Row>> = BTreeMap::new();
-    for r in rows {
-        by_size.entry(r.bytes).or_default().push(r);
-    }
-    by_size
-        .into_values()
-        .map(|mut same| {
-            same.sort_by(|a, b| a.time_us.total_cmp(&b.time_us));
-            same.swap_remove((same.len() - 1) / 2)
-        })
         .collect()
 }
 
@@ -733,7 +725,7 @@ pub fn describe(label: &str, fit: &Fit, machine: Option<&Machine>) -> String {
         let _ = write!(
             bandwidth,
             "; from memory {}, past a knee at {} of buffers on the host",
-            gbps(m.memory_gbps),
+            gbps(m.memory_gbps()),
             size(m.knee_bytes)
         );
     }
@@ -787,10 +779,10 @@ pub fn describe(label: &str, fit: &Fit, machine: Option<&Machine>) -> String {
 /// they cost nothing the fit could see.
 fn slowdown(m: &Model) -> String {
     match m.large_gbps().is_finite() {
-        true => format!("{:.1}x slower", m.large_gbps() / m.memory_gbps),
+        true => format!("{:.1}x slower", m.large_gbps() / m.memory_gbps()),
         false => format!(
             "at {}, where before it they cost nothing the fit can see",
-            gbps(m.memory_gbps)
+            gbps(m.memory_gbps())
         ),
     }
 }
@@ -846,7 +838,7 @@ pub fn in_words(fit: &Fit, machine: Option<&Machine>) -> String {
         words.push(format!(
             "One core of this machine copies memory at {}: B from memory is {:.0}% of it (every byte on the path is copied into the transport and out again, and reduced).",
             gbps(mc.copy_gbps),
-            100.0 * m.memory_gbps.min(m.large_gbps()) / mc.copy_gbps
+            100.0 * m.memory_gbps().min(m.large_gbps()) / mc.copy_gbps
         ));
     }
     let off: Vec<String> = fit
@@ -938,7 +930,6 @@ mod tests {
         Model {
             alpha_us: 2.0,
             cache_gbps: 8.0,
-            memory_gbps: 3.0,
             reduce_gbps: 20.0,
             switch_bytes: None,
             switched_gbps: 8.0,
@@ -977,7 +968,7 @@ mod tests {
             let m = fit.model;
             assert!((m.alpha_us - 2.0).abs() < 0.1, "{m:?}");
             assert!((m.large_gbps() / 8.0 - 1.0).abs() < 0.05, "{m:?}");
-            assert!((m.memory_gbps / 3.0 - 1.0).abs() < 0.1, "{m:?}");
+            assert!((m.memory_gbps() / 3.0 - 1.0).abs() < 0.1, "{m:?}");
             assert!(
                 fit.errors.iter().all(|e| e.abs() < 0.05),
                 "{:?}",

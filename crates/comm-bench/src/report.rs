@@ -49,6 +49,8 @@ pub struct Series {
     pub world_size: usize,
     /// One row per size, sorted by size.
     pub points: Vec<Row>,
+    /// The latency-bandwidth model fitted to the points, once for the plots and the words.
+    pub fit: Option<alpha_beta::Fit>,
 }
 
 fn register_fonts() {
@@ -60,7 +62,8 @@ fn register_fonts() {
     });
 }
 
-fn median_row(mut rows: Vec<Row>) -> Row {
+/// The row of the median time among measurements of one point.
+pub(crate) fn median_row(mut rows: Vec<Row>) -> Row {
     rows.sort_by(|a, b| a.time_us.total_cmp(&b.time_us));
     rows.swap_remove((rows.len() - 1) / 2)
 }
@@ -114,11 +117,13 @@ pub fn series(rows: &[&Row]) -> Vec<Series> {
             let _ = write!(label, ", {redop}");
         }
         let _ = write!(label, " ({placement})");
+        let points: Vec<Row> = by_size.into_values().map(median_row).collect();
         out.push(Series {
             label,
             backend,
             world_size,
-            points: by_size.into_values().map(median_row).collect(),
+            fit: alpha_beta::fit_rows(&points),
+            points,
         });
     }
     out
@@ -573,11 +578,6 @@ fn draw_charts(charts: &[&Chart], out: &Path) -> Result<Vec<PathBuf>, BenchError
 /// The charts of one collective: time and busbw against size, and the time near 100 MB by
 /// backend and ranks where some series measured near it.
 fn charts(name: &str, file: &str, series: &[Series], naming: Naming) -> Vec<Chart> {
-    // The model's time at each measured size, per series (alpha_beta: why the curve bends).
-    let fits: Vec<Option<alpha_beta::Fit>> = series
-        .iter()
-        .map(|s| alpha_beta::fit_rows(&s.points))
-        .collect();
     let line_chart = |kind: &str, title: String, y_desc, y: fn(&Row) -> f64| Chart {
         stem: plot_stem(naming, file, kind),
         plot: Plot::Lines(Lines {
@@ -593,9 +593,8 @@ fn charts(name: &str, file: &str, series: &[Series], naming: Naming) -> Vec<Char
             // A row's y scaled by the model's time over the measured one: the model's y.
             models: series
                 .iter()
-                .zip(&fits)
-                .map(|(s, fit)| {
-                    let Some(fit) = fit else { return Vec::new() };
+                .map(|s| {
+                    let Some(fit) = &s.fit else { return Vec::new() };
                     s.points
                         .iter()
                         .filter_map(|r| {
@@ -887,16 +886,16 @@ fn saturation(name: &str, s: &Series) -> Option<String> {
 /// The latency-bandwidth model fitted to one series, in words: its constants, the regimes, and
 /// where it stops holding (alpha_beta).
 fn modelled(name: &str, s: &Series) -> Option<String> {
-    let fit = alpha_beta::fit_rows(&s.points)?;
+    let fit = s.fit.as_ref()?;
     let m = &fit.model;
     let mut text = format!(
         "{name}, {}: the model t = steps x alpha + bytes / B fits alpha = {:.2} us per step and B = {:.2} GB/s",
         s.label, m.alpha_us, m.large_gbps()
     );
     if m.has_knee() {
-        let _ = write!(text, " ({:.2} GB/s from memory)", m.memory_gbps);
+        let _ = write!(text, " ({:.2} GB/s from memory)", m.memory_gbps());
     }
-    let words = alpha_beta::in_words(&fit, None);
+    let words = alpha_beta::in_words(fit, None);
     let _ = write!(text, "; {}", words.trim().replace("\n  ", " "));
     Some(text)
 }
