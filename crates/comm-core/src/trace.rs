@@ -157,9 +157,9 @@ impl Event {
                 pid,
                 tid,
             } => {
-                let mut event = json!({"name": "message", "cat": "message", "ts": ts,
+                let ph = if *start { "s" } else { "f" };
+                let mut event = json!({"name": "message", "cat": "message", "ph": ph, "ts": ts,
                                        "pid": pid, "tid": tid, "id": format!("{from}>{to}#{seq}")});
-                event["ph"] = json!(if *start { "s" } else { "f" });
                 if !start {
                     event["bp"] = json!("e"); // the arrow ends at the enclosing slice
                 }
