@@ -40,3 +40,5 @@ pub(crate) use events::Events;
 pub use group_safe::GroupSafe;
 pub use id::{bootstrap_address, id_from_bytes, id_to_bytes, new_unique_id};
 pub use probe::{dotted_version, probe, Machine, Probe, ThisMachine};
+#[doc(hidden)]
+pub use watchdog::cost_of_watching;

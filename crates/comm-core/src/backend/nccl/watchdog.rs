@@ -182,6 +182,23 @@ fn watch(shared: &Shared, grace: Duration, on_stuck: &mut OnStuck) {
     // ANCHOR_END: watchdog
 }
 
+/// What `benches/watchdog.rs` measures, without a GPU: `calls` NCCL calls' worth of arming and
+/// disarming a running watchdog, as [`super::NcclBackend`] does around every call; the time taken.
+pub fn cost_of_watching(calls: u64) -> Duration {
+    let dog = Watchdog::start(
+        Duration::from_secs(3600),
+        Duration::from_secs(3600),
+        Box::new(|_| {}),
+    )
+    .expect("starting a watchdog thread");
+    let started = Instant::now();
+    for _ in 0..calls {
+        let call = dog.arm("ncclAllReduce");
+        std::hint::black_box(call.expired());
+    }
+    started.elapsed()
+}
+
 /// How the rank's thread waits between two looks at a call: never a sleep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Pause {
