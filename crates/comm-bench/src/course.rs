@@ -87,7 +87,12 @@ pub fn profile_block(plan: &Plan, rows: &[&Row]) -> String {
             .filter(|r| requested(r.bytes) == size)
             .collect();
         let Some(sample) = at.first() else { continue };
-        let element = (sample.bytes / sample.count.max(1)).max(1);
+        // The element's size from its type (the count column is the call's count, one rank's
+        // block for the gathering and scattering collectives, as in nccl-tests).
+        let element = sample
+            .dtype
+            .parse::<comm_core::DType>()
+            .map_or(4, |d| d.size() as u64);
         let _ = writeln!(
             out,
             "\nTensor Size: {} elements ({:.2} MB)",

@@ -15,10 +15,11 @@ use comm_core::backend::{self, BackendKind, Selection};
 use comm_core::launch::{LaunchArgs, DEFAULT_CPU_RANKS};
 use comm_core::spawn::{self, Outcome, SpawnPlan};
 use comm_core::timing::Loop;
-use comm_core::{BackendChoice, Collective, Communicator, Device, Job, ReduceOp, Topology};
+use comm_core::{BackendChoice, Communicator, Device, Job, ReduceOp, Topology};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
+use crate::budget::{self, Budget};
 use crate::cli::BenchArgs;
 use crate::error::BenchError;
 use crate::measure::{measure, Case, Options};
@@ -468,6 +469,10 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
                         job.abort(&e);
                         return Err(e);
                     }
+                    // Every rank is done with it: NCCL's clean end (a barrier, then finalize
+                    // and destroy), so no rank tears its communicator down while a peer still
+                    // runs the last collective.
+                    comm.close()?;
                 }
                 Err(e) if i == 0 => return Err(e),
                 Err(e) if rank == 0 => eprintln!(
@@ -496,20 +501,29 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
     }
 }
 
-/// Host memory each rank may use on this node: 3/4 of MemAvailable shared by its ranks, the
-/// smallest over all nodes (so every rank skips the same sizes).
-fn memory_budget(comm: &Communicator, local_ranks: usize) -> comm_core::Result<u64> {
+/// What each rank may use ([`Budget`]): host memory (3/4 of MemAvailable shared by the node's
+/// ranks) and on NCCL its GPU's (9/10 of the free memory `cuMemGetInfo` reports now, with the
+/// communicator built), each the smallest over all ranks, so that every rank skips the same
+/// sizes. A number that cannot be read does not limit.
+fn memory_budget(comm: &Communicator, local_ranks: usize) -> comm_core::Result<Budget> {
     let available = comm_core::memory::available().unwrap_or(i64::MAX as u64);
-    let mine = (available / 4 * 3 / local_ranks.max(1) as u64).min(i64::MAX as u64) as i64;
-    let mut budget = comm.buffer(&[mine])?;
-    comm.all_reduce(&mut budget, ReduceOp::Min)?;
-    Ok(comm.to_host(&budget)?[0] as u64)
-}
-
-/// Host memory one rank needs for `bytes`: send and receive buffers (or a CPU algorithm's
-/// scratch copy), and for the check the result, the reference and one rank's input.
-pub fn footprint(bytes: u64) -> u64 {
-    3 * bytes
+    let host = budget::host_share(available, local_ranks).min(i64::MAX as u64) as i64;
+    let device = match comm.device() {
+        Device::Cuda(ordinal) => cudarc::driver::CudaContext::new(ordinal)
+            .and_then(|ctx| ctx.mem_get_info())
+            .map_or(i64::MAX, |(free, _total)| {
+                budget::device_share(free as u64).min(i64::MAX as u64) as i64
+            }),
+        Device::Cpu(_) => i64::MAX,
+    };
+    let mut smallest = comm.buffer(&[host, device])?;
+    comm.all_reduce(&mut smallest, ReduceOp::Min)?;
+    let smallest = comm.to_host(&smallest)?;
+    Ok(Budget {
+        host: smallest[0] as u64,
+        device: matches!(comm.device(), Device::Cuda(_)).then_some(smallest[1] as u64),
+        local_ranks: local_ranks.max(1),
+    })
 }
 
 /// The backend's version and the machine it runs on, for the rows.
@@ -562,6 +576,12 @@ fn measure_all(
         started: record::utc_now(),
     };
     let budget = memory_budget(comm, topology.local_world_size)?;
+    // nccl-tests rotates its buffers within the largest size (-e) it allocated; ours within the
+    // largest size that fits, on GPUs only (see measure.rs's `rotation`).
+    let rotate_within = match comm.device() {
+        Device::Cuda(_) => budget.largest_fitting(&plan.sizes),
+        Device::Cpu(_) => None,
+    };
     let opts = Options {
         timed: Loop {
             warmup: plan.warmup,
@@ -575,6 +595,7 @@ fn measure_all(
         out_of_place: plan.out_of_place,
         in_place: plan.in_place,
         inject_error: plan.inject_error,
+        rotate_within,
     };
     // One stopwatch for the whole run: its events are made once and reused by every loop.
     let mut stopwatch = comm.stopwatch();
@@ -587,10 +608,9 @@ fn measure_all(
             })?;
         }
         for &bytes in &plan.sizes {
-            if footprint(bytes) > budget {
-                sink.send(Event::Skipped(Some(memory_note(
-                    collective, bytes, budget, topology,
-                ))))?;
+            if let Some(refusal) = budget.refusal(bytes) {
+                let why = budget::note(collective, bytes, refusal, budget.local_ranks);
+                sink.send(Event::Skipped(Some(why)))?;
                 continue;
             }
             let case = Case {
@@ -610,15 +630,4 @@ fn measure_all(
         }
     }
     Ok(())
-}
-
-fn memory_note(collective: Collective, bytes: u64, budget: u64, topology: &Topology) -> String {
-    let gb = |b: u64| b as f64 / 1e9;
-    format!(
-        "skipped {collective} at {bytes} B: each of the {} ranks on a node needs about {:.1} GB of host memory \
-         (buffers, then the check), and 3/4 of MemAvailable leaves {:.1} GB per rank",
-        topology.local_world_size,
-        gb(footprint(bytes)),
-        gb(budget)
-    )
 }

@@ -5,6 +5,7 @@
 //! - [`cli`]: the flags (nccl-tests' where they fit) and the presets of the course's runs
 //! - [`plan`]: flags → the sweep to run
 //! - [`measure`]: one collective at one size, timed and checked
+//! - [`budget`]: which sizes fit in host and GPU memory, and the note for those that do not
 //! - [`driver`]: the parent that starts ranks per world size, and the ranks themselves
 //! - [`table`], [`record`]: nccl-tests' table; rows for CSV/JSON
 //! - [`report`]: plots (plotters, PNG and SVG), markdown and observations
@@ -13,6 +14,7 @@
 //! - [`error`]: what can go wrong, one variant per cause
 
 pub mod alpha_beta;
+pub mod budget;
 pub mod cli;
 pub mod course;
 pub mod driver;

@@ -53,6 +53,32 @@ pub struct Options {
     pub out_of_place: bool,
     pub in_place: bool,
     pub inject_error: bool,
+    /// On GPUs, the largest size whose buffers fit ([`crate::budget`]): the timed loop turns
+    /// through buffer sets within it, as nccl-tests shifts its buffers within -e
+    /// ([`rotation`]). None: one buffer set (the CPU backend).
+    pub rotate_within: Option<u64>,
+}
+
+/// The most buffer sets one timed loop turns through: enough that a small size's sets are
+/// spread as nccl-tests' shifted buffers are (its loop touches `iters` × `-m` places at most),
+/// and a bound on allocations for a huge `-n` at a tiny size.
+pub const MAX_BUFFER_SETS: usize = 1024;
+
+/// How many buffer sets the timed loop of a call on `set_bytes` (the larger of its send and
+/// receive buffers, nccl-tests' `max(sendBytes, expectedBytes)`) turns through, within
+/// `within` bytes, over `calls` calls: nccl-tests' `startColl` shifts its buffers by that many
+/// bytes every call, `iter % (maxbytes / totalnbytes)` times, so that consecutive calls never
+/// read the same memory and a sweep is not timed out of the GPU's L2 cache (50 MB on an H100)
+/// where a real workload's buffers would not be. We allocate `steps` separate sets instead of
+/// one buffer of -e and offsets into it (our buffers are typed and whole), which reads different
+/// memory from call to call in the same way, and within the same bytes: sets × `set_bytes` ≤
+/// `within`. Never fewer than 1.
+///
+/// Only on GPUs: the CPU rows are compared with the course's Gloo and PyTorch numbers, whose
+/// loops reuse one tensor, and the book reads the CPU curve's cache knee from them.
+pub fn rotation(set_bytes: u64, within: u64, calls: usize) -> usize {
+    let steps = within / set_bytes.max(1);
+    (steps.min(calls as u64) as usize).clamp(1, MAX_BUFFER_SETS)
 }
 
 /// One placement's result.
@@ -70,8 +96,11 @@ pub struct Measured {
     pub dtype: DType,
     pub op: Option<ReduceOp>,
     pub root: Option<usize>,
-    /// The size column: the whole buffer in bytes.
+    /// The size column: the whole buffer in bytes (nccl-tests' `max(sendBytes, expectedBytes)`).
     pub bytes: u64,
+    /// The count column: the call's count, as nccl-tests prints it (its `paramcount`): the
+    /// whole buffer's elements for all_reduce, broadcast, reduce and sendrecv, one rank's block
+    /// for all_gather, reduce_scatter, alltoall, gather and scatter.
     pub count: u64,
     pub out_of_place: Option<Outcome>,
     pub in_place: Option<Outcome>,
@@ -140,7 +169,7 @@ fn measure_as<T: Element>(
         op: case.op,
         root: described.rooted.then_some(case.root),
         bytes: whole * std::mem::size_of::<T>() as u64,
-        count: whole,
+        count: count as u64,
         out_of_place,
         in_place,
     }))
@@ -182,6 +211,33 @@ fn verify<T: Element>(
     Ok(Mismatch::between("result", &got, &want))
 }
 
+/// The buffer sets the timed loop turns through ([`rotation`]): the case's own first, then
+/// zeroed ones (what they hold does not change the time; their results are not checked).
+fn timed_buffers<T: Element>(
+    comm: &Communicator,
+    case: &check::Case,
+    opts: &Options,
+) -> Result<Vec<Buffers<T>>> {
+    let counts = case.counts(comm.rank(), comm.world_size());
+    let element = std::mem::size_of::<T>() as u64;
+    let set_bytes = counts.send.max(counts.recv).max(counts.whole()) as u64 * element;
+    let calls = opts.timed.iters * opts.timed.aggregate.max(1);
+    let sets = opts
+        .rotate_within
+        .map_or(1, |within| rotation(set_bytes, within, calls));
+    let mut out = vec![case.buffers::<T>(comm)?];
+    for _ in 1..sets {
+        out.push(match case.in_place {
+            true => Buffers::InPlace(comm.zeros(counts.whole())?),
+            false => Buffers::OutOfPlace {
+                send: comm.zeros(counts.send)?,
+                recv: comm.zeros(counts.recv)?,
+            },
+        });
+    }
+    Ok(out)
+}
+
 fn placement_outcome<T: Element>(
     comm: &Communicator,
     case: &check::Case,
@@ -189,9 +245,13 @@ fn placement_outcome<T: Element>(
     stopwatch: &mut Stopwatch,
 ) -> Result<Outcome> {
     let timing = {
-        let mut buffers = case.buffers::<T>(comm)?;
+        let mut sets = timed_buffers::<T>(comm, case, opts)?;
+        let mut next = 0;
         time_loop_with(comm, &opts.timed, stopwatch, || {
-            case.call(comm, &mut buffers)
+            let set = next % sets.len();
+            let buffers = &mut sets[set];
+            next += 1;
+            case.call(comm, buffers)
         })?
     };
     if opts.checks == 0 {
@@ -238,6 +298,80 @@ mod tests {
             (41_666, 249_996)
         );
         assert_eq!(shape(Collective::ReduceScatter, 8, 4, 4), (0, 0));
+    }
+
+    /// nccl-tests' shift: `maxbytes / totalnbytes` places, of which a loop of `iters` × `-m`
+    /// calls reaches at most that many.
+    #[test]
+    fn buffers_rotate_within_the_largest_size_as_nccl_tests_shifts_them() {
+        const MB: u64 = 1 << 20;
+        // 1 GiB sweep, 8 B call, 20 calls: 20 sets (the calls bound it).
+        assert_eq!(rotation(8, 1024 * MB, 20), 20);
+        // 16 MiB within 64 MiB: 4 places, whatever the calls.
+        assert_eq!(rotation(16 * MB, 64 * MB, 20), 4);
+        assert_eq!(rotation(16 * MB, 64 * MB, 3), 3);
+        // The largest size itself, or one that does not fit: one set.
+        assert_eq!(rotation(64 * MB, 64 * MB, 20), 1);
+        assert_eq!(rotation(64 * MB, 0, 20), 1);
+        // A huge -n at a tiny size: bounded.
+        assert_eq!(rotation(4, u64::MAX, 1_000_000), MAX_BUFFER_SETS);
+        assert_eq!(rotation(0, 64 * MB, 0), 1);
+    }
+
+    /// The timed loop's buffer sets, on a CPU communicator of one rank: as many as [`rotation`]
+    /// says, each shaped as the case's own (in place: one whole buffer; out of place: send and
+    /// receive), the first holding the case's input; none beyond the first without a limit.
+    #[test]
+    fn timed_buffers_are_the_rotation_s_sets() {
+        use comm_core::backend::cpu::ChannelTransport;
+        let transport = ChannelTransport::mesh(1, std::time::Duration::from_secs(10))
+            .pop()
+            .unwrap();
+        let comm = Communicator::cpu(Box::new(transport), 0);
+        let opts = |rotate_within| Options {
+            timed: Loop {
+                warmup: 0,
+                iters: 10,
+                aggregate: 1,
+                waiting: comm_core::timing::Waiting::BackToBack,
+                per_iteration: false,
+            },
+            average: Average::Mean,
+            checks: 0,
+            out_of_place: true,
+            in_place: true,
+            inject_error: false,
+            rotate_within,
+        };
+        for in_place in [false, true] {
+            let case = check::Case {
+                collective: Collective::AllGather,
+                count: 256,
+                op: ReduceOp::Sum,
+                root: 0,
+                in_place,
+                seed: 1,
+            };
+            // 256 floats gathered from 1 rank: 1 KiB sets, 4 of them within 4 KiB.
+            let sets = timed_buffers::<f32>(&comm, &case, &opts(Some(4096))).unwrap();
+            assert_eq!(sets.len(), 4);
+            for mut set in sets {
+                let (send, recv) = set.parts();
+                assert_eq!(
+                    (send.map(|b| b.len()), recv.len()),
+                    match in_place {
+                        true => (None, 256),
+                        false => (Some(256), 256),
+                    }
+                );
+            }
+            assert_eq!(
+                timed_buffers::<f32>(&comm, &case, &opts(None))
+                    .unwrap()
+                    .len(),
+                1
+            );
+        }
     }
 
     #[test]

@@ -23,7 +23,10 @@ pub struct Row {
     /// The size column: the whole buffer (gathered for all_gather, before scattering for
     /// reduce_scatter), in bytes.
     pub bytes: u64,
-    /// Elements in those bytes.
+    /// The call's count, nccl-tests' count column: the whole buffer's elements for
+    /// all_reduce, broadcast, reduce and sendrecv, one rank's block for all_gather,
+    /// reduce_scatter, alltoall, gather and scatter (files written before it followed
+    /// nccl-tests there hold the whole buffer's; nothing but the table reads the column).
     pub count: u64,
     pub dtype: String,
     /// The reduction, or "none".

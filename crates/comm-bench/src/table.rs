@@ -16,7 +16,7 @@ pub fn header(info: &RunInfo, collective: &str, plan: &Plan) -> String {
     format!(
         "# comm-bench {}: {collective} on {} ranks ({nodes}), backend {} ({}), host {}, {}\n\
          # minBytes {} maxBytes {} warmup iters: {} iters: {} agg iters: {} blocking: {} average: {} per-iter timing: {} check: {}\n\
-         {}\
+         {}{}\
          #\n\
          #                                                              out-of-place                       in-place\n\
          #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n\
@@ -37,7 +37,32 @@ pub fn header(info: &RunInfo, collective: &str, plan: &Plan) -> String {
         info.per_iter_timing,
         plan.checks,
         what_is_timed(info),
+        nccl_call_note(collective, &info.backend_version).unwrap_or_default(),
     )
+}
+
+/// NCCL 2.28 has calls of its own for alltoall, gather and scatter (`ncclAlltoAll`,
+/// `ncclGather`, `ncclScatter`), which nccl-tests calls where it was built against 2.28 or
+/// later. comm-core's NCCL backend enqueues the grouped ncclSend/ncclRecv that nccl-tests uses
+/// before 2.28, on every version (its `collectives.rs`): a `#` line under such a table's header
+/// says so where the NCCL that ran has the call, so that its rows are compared with nccl-tests
+/// knowingly. None elsewhere. `backend_version` is the rows' (`NCCL 2.28.3`).
+pub fn nccl_call_note(collective: &str, backend_version: &str) -> Option<String> {
+    let call = match collective {
+        "alltoall" => "ncclAlltoAll",
+        "gather" => "ncclGather",
+        "scatter" => "ncclScatter",
+        _ => return None,
+    };
+    let version = backend_version.strip_prefix("NCCL ")?;
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+    let (major, minor) = (parts.next()??, parts.next()??);
+    ((major, minor) >= (2, 28)).then(|| {
+        format!(
+            "# calls: grouped ncclSend/ncclRecv (nccl-tests' {collective} before NCCL 2.28); \
+             nccl-tests built against NCCL {version} calls {call} instead\n"
+        )
+    })
 }
 
 /// Two comment lines: what the time column is (-a over the ranks' host-clock times, as -z
@@ -47,7 +72,8 @@ pub fn what_is_timed(info: &RunInfo) -> String {
     let waiting = Waiting::from_flag(info.blocking).unwrap_or(Waiting::BackToBack);
     let iterations = match (info.per_iter_timing, waiting) {
         (1, Waiting::EachCall) if info.backend == "nccl" => {
-            "CUDA events on the rank's stream, a pair around each iteration's calls"
+            "CUDA events on the rank's stream, one before each iteration's calls and one after the \
+             wait for them"
         }
         (1, _) if info.backend == "nccl" => {
             "CUDA events on the rank's stream, one before each iteration and one after the last"
@@ -206,13 +232,54 @@ mod tests {
         );
         assert!(said(0, 2, 0, "cpu").contains("over ranks the fastest rank's (-a 2)"));
         // -I 1: CUDA events on NCCL (pairs with -z 3), host-clock marks on the CPU.
-        assert!(said(3, 1, 1, "nccl").contains("CUDA events on the rank's stream, a pair around"));
+        let z3_events = said(3, 1, 1, "nccl");
+        assert!(
+            z3_events.contains(
+                "CUDA events on the rank's stream, one before each iteration's calls and one \
+                 after the wait for them"
+            ),
+            "{z3_events}"
+        );
         assert!(said(0, 1, 1, "nccl").contains("one before each iteration and one after the last"));
         assert!(said(0, 1, 1, "cpu").contains("host clock, a mark before and after each"));
         for text in [z0, z1, z3] {
             assert_eq!(text.lines().count(), 2, "{text}");
             assert!(text.lines().all(|l| l.starts_with("# ")), "{text}");
         }
+    }
+
+    /// Only alltoall, gather and scatter, and only on an NCCL that has their own calls.
+    #[test]
+    fn the_header_says_where_nccl_tests_would_call_ncclalltoall() {
+        let note = nccl_call_note("alltoall", "NCCL 2.28.3").unwrap();
+        assert_eq!(
+            note,
+            "# calls: grouped ncclSend/ncclRecv (nccl-tests' alltoall before NCCL 2.28); \
+             nccl-tests built against NCCL 2.28.3 calls ncclAlltoAll instead\n"
+        );
+        assert!(nccl_call_note("gather", "NCCL 3.0.1")
+            .unwrap()
+            .contains("calls ncclGather instead"));
+        assert!(nccl_call_note("scatter", "NCCL 2.29.0").is_some());
+        for (collective, version) in [
+            ("alltoall", "NCCL 2.27.7"),
+            ("alltoall", "NCCL 2.21.5"),
+            ("all_reduce", "NCCL 2.28.3"),
+            ("alltoall", "NCCL (version unknown)"),
+            ("alltoall", "tcp transport (comm-core 0.1.0)"),
+        ] {
+            assert_eq!(
+                nccl_call_note(collective, version),
+                None,
+                "{collective} {version}"
+            );
+        }
+        let mut info = crate::record::sample_info();
+        info.backend_version = "NCCL 2.28.3".into();
+        let args = <crate::cli::Cli as clap::Parser>::parse_from(["comm-bench"]).bench;
+        let plan = Plan::resolve(&args).unwrap();
+        assert!(header(&info, "scatter", &plan).contains("calls ncclScatter instead\n#\n"));
+        assert!(!header(&info, "all_gather", &plan).contains("# calls:"));
     }
 
     #[test]

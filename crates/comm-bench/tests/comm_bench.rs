@@ -85,11 +85,19 @@ fn quick_sweep_on_two_and_three_ranks() {
     // Every collective x 3 sizes x 2 world sizes.
     let table = lines(&stdout);
     assert_eq!(table.len(), Collective::ALL.len() * 3 * 2, "{stdout}");
-    // all_gather on 3 ranks: 1K rounds down to 85 floats per rank, 255 in all.
+    // all_gather on 3 ranks: 1K rounds down to 85 floats per rank, 255 in all; the size
+    // column is the whole buffer and the count column the call's count, one rank's block, as
+    // nccl-tests prints them. all_reduce's count is the whole buffer's.
     assert!(
         table
             .iter()
-            .any(|l| l.starts_with("        1020           255     float    none      -1")),
+            .any(|l| l.starts_with("        1020            85     float    none      -1")),
+        "{stdout}"
+    );
+    assert!(
+        table
+            .iter()
+            .any(|l| l.starts_with("        1024           256     float     sum      -1")),
         "{stdout}"
     );
 
@@ -157,11 +165,8 @@ fn alltoall_on_two_three_and_four_ranks() {
         for row in rows {
             let cols: Vec<&str> = row.split_whitespace().collect();
             let (bytes, count): (u64, u64) = (cols[0].parse().unwrap(), cols[1].parse().unwrap());
-            assert_eq!(
-                (bytes, count % n as u64),
-                (count * 4, 0),
-                "whole blocks: {row}"
-            );
+            // The size is the whole buffer of n blocks; the count one block's (nccl-tests').
+            assert_eq!(bytes, count * 4 * n as u64, "whole blocks: {row}");
             let (algbw, busbw): (f64, f64) = (cols[6].parse().unwrap(), cols[7].parse().unwrap());
             let want = algbw * (n as f64 - 1.0) / n as f64;
             // Both columns are rounded to 0.01.

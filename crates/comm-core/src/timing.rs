@@ -1,10 +1,14 @@
-//! How long a collective takes: a loop modelled on nccl-tests' (its `BenchTime`) with its flags,
-//! but not the same program. Exactly:
+//! How long a collective takes: a loop modelled on nccl-tests' (its `BenchTime` in
+//! `src/common.cu`) with its flags, but not the same program. Exactly:
 //!
 //! - warm-up iterations first, untimed, each after a barrier (nccl-tests runs its warm-up back to
-//!   back); then a barrier, so every rank starts the timed loop together; then `iters` iterations
-//!   of `aggregate` calls (one group when several), waited for as `-z` says ([`Waiting`]; `-z 3`
-//!   is ours, nccl-tests has 0 and 1);
+//!   back, once per size and type before the sweep); then, even with no warm-up (`-w 0`), one
+//!   more untimed call, waited for, as nccl-tests' `BenchTime` starts with one ("Sync":
+//!   `startColl` + `completeColl`) so that NCCL's lazy connection setup of the first call is never
+//!   timed; then a barrier, so every rank starts the timed loop together; then `iters`
+//!   iterations of `aggregate` calls (one group when several), waited for as `-z` says
+//!   ([`Waiting`]: nccl-tests' 0, 1 and 3; its 2, each call waited for with no barrier, is not
+//!   offered);
 //! - every barrier goes through the communicator itself (on NCCL an all-reduce of one int32, a
 //!   kernel on the rank's stream; on the CPU a dissemination barrier over its transport), where
 //!   nccl-tests' is MPI's or its threads' on the host;
@@ -18,8 +22,14 @@
 //!   rank's own clock of its work ([`Stopwatch`]: CUDA events on the rank's stream on NCCL,
 //!   `cuEventElapsedTime`; the host clock on the CPU backend, whose calls are done when they
 //!   return), and the slowest rank's is kept for each iteration, as nccl-tests' per-iteration
-//!   report does; the median, min and max are over those. Without marks the iterations are timed
-//!   on the host clock where the loop waits for each (`-z 1`, `-z 3`).
+//!   report does; the median, min and max are over those. With `-z 3` the closing mark of each
+//!   iteration is made after the wait for its work, as nccl-tests records its stop event after
+//!   `testStreamSynchronize`. Without marks the iterations are timed on the host clock where the
+//!   loop waits for each (`-z 1`, `-z 3`).
+//!
+//! Which buffers each call uses is the caller's: nccl-tests shifts its buffers every iteration
+//! (`startColl`'s `shift`), and comm-bench turns through several buffer sets on NCCL the same way
+//! (comm-bench's `measure.rs`).
 //!
 //! The ranks' times travel once, after the loop (outside the timed region): one all-reduce with
 //! `Max` of a vector holding every rank's time at its own index (zeros elsewhere) and the
@@ -213,11 +223,12 @@ impl Waiting {
     }
 }
 
-/// A timed loop: `warmup` untimed iterations, then `iters` timed ones, each of `aggregate`
-/// calls in one group (nccl-tests' `-m`), waited for as `waiting` says.
+/// A timed loop: `warmup` untimed iterations and one untimed call (nccl-tests' "Sync"), then
+/// `iters` timed ones, each of `aggregate` calls in one group (nccl-tests' `-m`), waited for as
+/// `waiting` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Loop {
-    /// Untimed iterations first.
+    /// Untimed iterations first (one untimed call follows them even when this is 0).
     pub warmup: usize,
     /// Timed iterations.
     pub iters: usize,
@@ -230,9 +241,9 @@ pub struct Loop {
     pub per_iteration: bool,
 }
 
-/// Runs `op` `warmup` times untimed, then `iters` times timed, each call waited for and timed
-/// alone on the host clock, the barrier between calls not timed: the loop of [`Waiting::EachCall`]
-/// (`-z 3`), one call per iteration; [`Timing::median`] is the median of the slowest rank's
+/// Runs `op` `warmup` times untimed (and once more, as every loop does), then `iters` times
+/// timed, each call waited for and timed alone on the host clock, the barrier between calls not
+/// timed: the loop of [`Waiting::EachCall`] (`-z 3`), one call per iteration; [`Timing::median`] is the median of the slowest rank's
 /// iteration times.
 pub fn time_iterations(
     comm: &Communicator,
@@ -272,7 +283,7 @@ pub fn time_loop_with(
     let aggregate = plan.aggregate.max(1);
     let iters = plan.iters;
     // One iteration: `aggregate` calls, grouped when there are several, as nccl-tests does.
-    let mut iteration = || -> Result<()> {
+    let iteration = |op: &mut dyn FnMut() -> Result<()>| -> Result<()> {
         match aggregate {
             1 => op(),
             n => comm.group(|| (0..n).try_for_each(|_| op())),
@@ -281,9 +292,14 @@ pub fn time_loop_with(
     let warming = crate::profile::range(|| format!("warm-up x{}", plan.warmup));
     for _ in 0..plan.warmup {
         comm.barrier()?;
-        iteration()?;
+        iteration(&mut op)?;
     }
+    // nccl-tests' "Sync" at the start of `BenchTime`: one call, waited for (outside a batch a
+    // call returns once its work is done), whatever -w says; NCCL connects a pair of ranks
+    // lazily, at the first call that needs them, and that call is never a timed one.
+    op()?;
     drop(warming);
+    let mut iteration = || iteration(&mut op);
     let marking = plan.per_iteration;
     stopwatch.reset();
     if marking {
@@ -361,13 +377,14 @@ fn run_timed(
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let start = Instant::now();
-                // In a batch, so that the closing mark goes right behind the calls on the
-                // stream, before the wait at the batch's end.
+                // As nccl-tests' -z 3: the opening mark and the calls, then the wait for them
+                // (the batch's end), then the closing mark, recorded after the wait (its
+                // `recordEvents(…, 1)` follows `testStreamSynchronize`) and inside the host time.
                 comm.batch(|| {
                     mark()?;
-                    iteration()?;
-                    mark()
+                    iteration()
                 })?;
+                mark()?;
                 let took = start.elapsed();
                 host.push(took);
                 total += took;

@@ -156,8 +156,9 @@ fn timed_loops_run_every_call_and_report_per_call_times() {
                 "rank {rank}, -z {} -m {aggregate} -I {marks}",
                 waiting.flag()
             );
-            // (warm-up + timed iterations) x calls per iteration.
-            assert_eq!(*calls, 7 * aggregate, "{case}");
+            // (warm-up + timed iterations) x calls per iteration, and the one untimed call
+            // nccl-tests' BenchTime makes before its timed loop ("Sync").
+            assert_eq!(*calls, 7 * aggregate + 1, "{case}");
             assert_eq!(timing.ranks.len(), 2, "{case}: a time per rank");
             // -z 0 without marks: one time for the whole loop; else one per iteration.
             let per_iteration = if waiting == Waiting::BackToBack && !marks {
@@ -238,4 +239,34 @@ fn each_mode_counts_what_nccl_tests_counts() {
     assert_eq!(t.time(Average::Max), t.ranks[1]);
     assert_eq!(t.time(Average::Mean), (t.ranks[0] + t.ranks[1]) / 2.0);
     assert_eq!(results[1], results[0], "the same on every rank");
+}
+
+/// `-w 0` still leaves the first call out of the timing, as nccl-tests' BenchTime does with its
+/// "Sync" call (NCCL connects ranks lazily, at the first call that needs them): the first call
+/// is made and waited for before the timed loop's barrier: with no warm-up a loop of 3
+/// iterations makes 4 calls, whatever -z says.
+#[test]
+fn without_warm_up_the_first_call_is_still_untimed() {
+    use comm_core::timing::{time_loop, Loop, Waiting};
+    for waiting in Waiting::ALL {
+        let plan = Loop {
+            warmup: 0,
+            iters: 3,
+            aggregate: 1,
+            waiting,
+            per_iteration: false,
+        };
+        let results = on_ranks(2, |comm| {
+            let mut buf = comm.buffer(&[1i64]).unwrap();
+            let mut calls = 0;
+            time_loop(comm, &plan, || {
+                calls += 1;
+                comm.all_reduce(&mut buf, ReduceOp::Sum)
+            })
+            .unwrap();
+            calls
+        });
+        // 3 timed calls and the untimed one before them, on every rank.
+        assert_eq!(results, vec![4, 4], "-z {}", waiting.flag());
+    }
 }
