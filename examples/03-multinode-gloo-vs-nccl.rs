@@ -7,17 +7,16 @@
 //!     ./03-multinode-gloo-vs-nccl --world_size 2 --rank 0 --master_addr 10.0.0.1 --master_port 29502
 //!     ./03-multinode-gloo-vs-nccl --world_size 2 --rank 1 --master_addr 10.0.0.1 --master_port 29502
 //!
-//! `--backend auto` (the default) times both paths, NCCL where it can run; `--backend cpu` the
-//! CPU path alone, `--backend nccl` NCCL alone. It also runs under srun and commrun. Each
-//! measurement warms up first, then times several all-reduces; an iteration's time is the
-//! slowest rank's (comm_core::timing).
+//! `--backend auto` (the default) times both paths, NCCL where every rank can run it (the job
+//! agrees through the store: one rank without NCCL takes all of them off it, and rank 0 says
+//! which rank and why); `--backend cpu` the CPU path alone, `--backend nccl` NCCL alone. It also
+//! runs under srun and commrun. Each measurement warms up first, then times several all-reduces;
+//! an iteration's time is the slowest rank's (comm_core::timing).
 
 use clap::Parser;
 use comm_core::launch::announced;
 use comm_core::timing::{busbw, time_iterations};
-use comm_core::{
-    BackendChoice, BackendKind, Collective, Communicator, LaunchArgs, MasterArgs, ReduceOp,
-};
+use comm_core::{BackendChoice, Collective, Communicator, LaunchArgs, MasterArgs, ReduceOp};
 use comm_core::{Result, Topology};
 
 #[derive(Parser)]
@@ -132,14 +131,11 @@ fn main() -> std::process::ExitCode {
         let (gpu, skipped) = match choice {
             BackendChoice::Cpu => (None, None),
             BackendChoice::Nccl => (Some(job.communicator(BackendChoice::Nccl)?), None),
-            // auto: NCCL where it can run, else the reason it cannot.
-            BackendChoice::Auto if job.selection().kind == BackendKind::Cpu => {
-                let why = format!("NCCL cannot run here: {}", job.selection().reason);
-                (None, Some(why))
-            }
-            BackendChoice::Auto => match job.communicator(BackendChoice::Nccl) {
+            // auto: NCCL if every rank can run it, else the reason (naming the rank that
+            // cannot): the job's choice, agreed through the store, never a rank's alone.
+            BackendChoice::Auto => match job.agreed_communicator(BackendChoice::Nccl)? {
                 Ok(gpu) => (Some(gpu), None),
-                Err(why) => (None, Some(why.to_string())),
+                Err(why) => (None, Some(why)),
             },
         };
         let gloo_time = cpu.as_ref().map(|cpu| gloo(cpu, gpu.as_ref(), &args));
@@ -157,6 +153,15 @@ fn main() -> std::process::ExitCode {
                 (_, _, Some(why)) => println!("Rank 0 (NCCL): skipped: {why}"),
                 _ => {}
             }
+        }
+        // Every rank is done with both: NCCL's clean end (a barrier, then finalize and
+        // destroy), in the same order on every rank, so that no rank tears its communicator
+        // down while a peer still runs the last all-reduce.
+        if let Some(gpu) = gpu {
+            gpu.close()?;
+        }
+        if let Some(cpu) = cpu {
+            cpu.close()?;
         }
         Ok(())
     });
