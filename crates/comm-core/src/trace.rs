@@ -82,6 +82,9 @@ pub struct Args {
     pub placement: Option<&'static str>,
     /// How far a GPU slice's start can be off the host clock, µs.
     pub anchor_within_us: Option<f64>,
+    /// How precise a GPU slice's start (from its anchor) and duration are, µs: CUDA's event
+    /// timer, in float milliseconds.
+    pub precision_us: Option<f64>,
 }
 
 impl Args {
@@ -105,6 +108,7 @@ impl Args {
         put("from", self.from.map(Value::from));
         put("placement", self.placement.map(Value::from));
         put("anchor_within_us", self.anchor_within_us.map(Value::from));
+        put("precision_us", self.precision_us.map(Value::from));
         Value::Object(args)
     }
 }

@@ -81,6 +81,21 @@ impl Batching {
         })
     }
 
+    /// A copy from the host into an existing buffer is about to be enqueued: refused inside a
+    /// group. The copy is enqueued now and the group's calls only at its end, so a call made
+    /// before the copy would run after it, on the copied values: a wrong result, silently.
+    pub fn copy_into(&self) -> crate::error::Result<()> {
+        if self.groups > 0 {
+            return Err(crate::error::CommError::Usage(
+                "copying into a GPU buffer inside a group: the group's calls only run when it \
+                 ends, so the copy would run before the calls made ahead of it; copy before the \
+                 group or after it"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Calls enqueued and not waited for.
     pub fn unwaited(&self) -> usize {
         self.unwaited
@@ -180,6 +195,32 @@ mod tests {
         b.called();
         assert_eq!(b.end_batch(), Wait::Nothing);
         assert_eq!(b.end_group(), Wait::Finished { calls: 1 });
+    }
+
+    #[test]
+    fn a_copy_into_a_buffer_is_refused_in_a_group_only() {
+        let mut b = Batching::default();
+        assert!(b.copy_into().is_ok());
+        b.begin_batch();
+        b.called();
+        assert!(
+            b.copy_into().is_ok(),
+            "in a batch it is enqueued behind the calls"
+        );
+        b.begin_group();
+        b.called();
+        let refused = b.copy_into().unwrap_err();
+        assert!(
+            matches!(refused, crate::error::CommError::Usage(_)),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("inside a group"), "{refused}");
+        b.begin_group();
+        assert!(b.copy_into().is_err(), "nor in a nested group");
+        b.end_group();
+        assert!(b.copy_into().is_err(), "the outer group is still open");
+        b.end_group();
+        assert!(b.copy_into().is_ok(), "after the group");
     }
 
     #[test]

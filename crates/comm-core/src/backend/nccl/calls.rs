@@ -12,11 +12,11 @@ use cudarc::nccl::{result, sys};
 use super::batch::{Batching, Wait};
 use super::errors::{cuda, nccl};
 use super::gpu_trace::GpuTrace;
-use super::group_safe::{GroupSafe, Groups};
+use super::group_safe::{self, GroupSafe, Groups};
 use super::id::{id_from_bytes, new_unique_id};
 use super::init::init_rank;
 use super::probe::quietly;
-use super::watchdog::{self, async_state, Arming, Watchdog};
+use super::watchdog::{self, async_state, end_process, Arming, Watchdog};
 use crate::collective::{Call, Collective};
 use crate::dtype::Element;
 use crate::error::{CommError, Result};
@@ -53,6 +53,13 @@ pub struct NcclBackend {
 /// the process.
 const STUCK_GRACE: Duration = Duration::from_secs(2);
 
+/// How long `ncclCommAbort` may take before the watchdog ends the process: on InfiniBand it tears
+/// down queue pairs and joins NCCL's proxy threads, which can take seconds.
+const ABORT_ALLOWANCE: Duration = Duration::from_secs(30);
+
+/// The abort's name, as the watchdog shows it when the abort itself is stuck.
+const ABORT: &str = "ncclCommAbort, after an NCCL call failed or outlived --timeout,";
+
 impl NcclBackend {
     /// Binds this rank to its GPU and builds the communicator through the store.
     pub fn connect(scope: &Scoped, rank: usize, world_size: usize, ordinal: usize) -> Result<Self> {
@@ -83,7 +90,7 @@ impl NcclBackend {
         let watchdog = Watchdog::start(
             timeout,
             STUCK_GRACE,
-            Box::new(move |what| stuck(rank, what)),
+            Box::new(move |what, allowed| stuck(rank, what, allowed)),
         );
         let done = ctx.new_event(None);
         let (watchdog, done) = match (watchdog, done) {
@@ -130,7 +137,8 @@ impl NcclBackend {
     /// Waits for the work enqueued so far, until `call`'s deadline. On a blocking communicator a
     /// call returns once it is enqueued, so only the GPU is waited for (`gpu`): an event recorded
     /// after the work, looked at without ever sleeping, and NCCL's asynchronous errors now and
-    /// then. Past the deadline this thread aborts the communicator itself and fails.
+    /// then. Past the deadline this thread aborts the communicator itself (the abort, shown to
+    /// the watchdog in the call's place, is then what it watches) and fails.
     fn wait(&self, what: &str, gpu: bool, call: &Arming) -> Result<()> {
         if !gpu {
             return self.check_async(what);
@@ -172,7 +180,7 @@ impl NcclBackend {
         }
     }
 
-    /// The error of a call the watchdog gave up on.
+    /// The error of a call that outlived its timeout, whose communicator this rank aborted.
     fn timed_out(&self, what: &str) -> CommError {
         CommError::Timeout {
             what: format!("NCCL {what} on rank {} to complete", self.rank),
@@ -229,7 +237,7 @@ impl NcclBackend {
     /// group's kernels ([`group_safe`]): a kernel never reads freed memory.
     pub(crate) fn group<R>(&self, body: impl FnOnce() -> Result<R>) -> Result<R> {
         self.check_usable()?;
-        result::group_start().map_err(nccl("ncclGroupStart"))?;
+        group_safe::group_start().map_err(nccl("ncclGroupStart"))?;
         self.groups.open();
         self.batching(Batching::begin_group);
         let unwinding = AbortOnUnwind {
@@ -240,7 +248,7 @@ impl NcclBackend {
         std::mem::forget(unwinding);
         let wait = self.batching(Batching::end_group);
         let watched = self.watchdog.arm("group");
-        let ended = result::group_end().and_then(enqueued);
+        let ended = self.group_end().and_then(enqueued);
         self.groups.close();
         let waited = match ended {
             Ok(()) => self.settle(wait, "group", &watched),
@@ -253,18 +261,47 @@ impl NcclBackend {
         out.and_then(|value| waited.map(|_| value))
     }
 
-    /// Aborts the communicator, once, from this thread: NCCL stops its work and frees it.
+    /// Aborts the communicator, once, from this thread: NCCL stops its work and frees it. Inside
+    /// an open NCCL group (this thread's, over every communicator) NCCL would only queue the abort
+    /// until the outermost ncclGroupEnd, which could then launch the group's work on a freed
+    /// communicator; so there the abort waits for that end ([`group_safe::Nesting`]). Either
+    /// way nothing reaches the communicator after this (`live`).
     fn abort(&self) {
         if self.live.replace(false) {
-            // SAFETY: a communicator NCCL still holds (`live`), freed once; `live` keeps every
-            // later call away from it (check_usable).
-            let _ = unsafe { result::comm_abort(self.comm) };
+            if let Some(now) = group_safe::abort(group_safe::Comm(self.comm)) {
+                self.run_aborts(vec![now]);
+            }
         }
     }
 
+    /// Aborts `comms` (given by [`group_safe`] outside every group), shown to the watchdog in
+    /// place of the call that failed: the rank's own thread is in charge of the abort, and only
+    /// an abort stuck past [`ABORT_ALLOWANCE`] ends the process.
+    fn run_aborts(&self, comms: Vec<group_safe::Comm>) {
+        if comms.is_empty() {
+            return;
+        }
+        let _watched = self.watchdog.arm_for(ABORT, ABORT_ALLOWANCE);
+        for comm in comms {
+            // SAFETY: group_safe hands out each communicator once, outside every group, after
+            // its owner cleared `live` (nothing else reaches it): NCCL still holds it, and
+            // frees it here.
+            let _ = unsafe { result::comm_abort(comm.0) };
+        }
+    }
+
+    /// ncclGroupEnd, then the aborts that waited for the outermost group to end.
+    fn group_end(&self) -> std::result::Result<result::NcclStatus, result::NcclError> {
+        let (ended, aborts) = group_safe::group_end();
+        self.run_aborts(aborts);
+        ended
+    }
+
     /// Copies host values into a new buffer on this rank's GPU, which is never freed inside
-    /// an open group of this communicator.
+    /// an open group of this communicator. Allowed in a group: no call before it can use a
+    /// buffer that did not exist. Under the watchdog (a copy can hang behind a stuck kernel).
     pub fn upload<T: Element>(&self, values: &[T]) -> Result<GroupSafe<T>> {
+        let _watched = self.watchdog.arm("a copy to the GPU");
         let slice = self
             .stream
             .clone_htod(values)
@@ -288,7 +325,9 @@ impl NcclBackend {
                 "to_host inside a group: the group's calls only run when it ends".into(),
             )
         })?;
-        let watched = self.watchdog.arm("the calls before a download");
+        let watched = self
+            .watchdog
+            .arm("the calls before a download, and the download");
         self.settle(wait, "the calls before a download", &watched)?;
         // Into pageable memory the copy has finished when the call returns.
         self.stream
@@ -297,8 +336,12 @@ impl NcclBackend {
     }
 
     /// Copies host values into an existing GPU buffer (as many elements), behind the work
-    /// queued on the stream; the values may be reused as soon as it returns.
+    /// queued on the stream; the values may be reused as soon as it returns. Refused inside a
+    /// group: the copy would run before the group's calls, which are enqueued only at its end,
+    /// even those called before it ([`Batching::copy_into`]). Under the watchdog.
     pub fn upload_into<T: Element>(&self, values: &[T], buf: &mut CudaSlice<T>) -> Result<()> {
+        self.batching.get().copy_into()?;
+        let _watched = self.watchdog.arm("a copy to the GPU");
         self.stream
             .memcpy_htod(values, buf)
             .map_err(cuda("copying to the GPU"))
@@ -308,7 +351,7 @@ impl NcclBackend {
     /// groups: until the GPU finished it).
     pub(super) fn enqueue(
         &self,
-        what: &str,
+        what: &'static str,
         launch: impl FnOnce(
             sys::ncclComm_t,
             sys::cudaStream_t,
@@ -345,7 +388,7 @@ impl NcclBackend {
         if gpu_trace.is_none() {
             *gpu_trace = Some(Box::new(GpuTrace::anchored(self.stream.clone())?));
         }
-        gpu_trace.as_ref().expect("made above").mark().map(Some)
+        gpu_trace.as_mut().expect("made above").mark().map(Some)
     }
 
     /// An all-reduce of one element: returns when every rank got here. Not inside a group,
@@ -385,7 +428,7 @@ impl Drop for AbortOnUnwind<'_> {
     fn drop(&mut self) {
         let backend = self.backend;
         let end = if self.group {
-            let _ = result::group_end();
+            let _ = backend.group_end();
             backend.groups.close();
             Batching::end_group
         } else {
@@ -412,9 +455,16 @@ impl NcclBackend {
     /// fails. Once: afterwards nothing may use the communicator. A finalize stuck on a dead peer
     /// is the watchdog's: the process ends.
     fn finalize(&self) -> Result<()> {
-        if !self.live.replace(false) {
+        if !self.live.get() {
             return Ok(()); // aborted or finalized already
         }
+        if group_safe::in_group() {
+            // Dropped inside another communicator's group: NCCL would queue a finalize or
+            // destroy until that group ends, as it queues an abort; an abort can wait for it.
+            self.abort();
+            return Ok(());
+        }
+        self.live.set(false);
         let _watched = self.watchdog.arm("ncclCommFinalize");
         // SAFETY: a communicator NCCL still held (`live` was set; cleared above, so nothing
         // else reaches it), finalized and destroyed once, or aborted once if that fails. On a
@@ -432,6 +482,8 @@ impl NcclBackend {
                     .map_err(nccl("ncclCommDestroy"))
             });
             if ended.is_err() {
+                // The abort is watched as itself, not as the finalize that failed.
+                let _watched = self.watchdog.arm_for(ABORT, ABORT_ALLOWANCE);
                 let _ = result::comm_abort(self.comm);
             }
             ended
@@ -464,19 +516,17 @@ impl Drop for NcclBackend {
     }
 }
 
-/// A rank still inside NCCL `STUCK_GRACE` after the watchdog aborted its communicator: only the
-/// process's end frees it. Reports why, as a failed rank does, and exits.
-fn stuck(rank: usize, what: &str) {
+/// The watchdog's end of a rank still inside NCCL's `what` `STUCK_GRACE` after the `allowed`
+/// time ran out (the rank's thread never came back to abort, or its abort is what hangs): only
+/// the process's end frees that thread. Reports why, as a failed rank does, and exits.
+fn stuck(rank: usize, what: &str, allowed: Duration) {
     let error = CommError::Timeout {
-        what: format!("{what} on rank {rank}"),
-        timeout: STUCK_GRACE,
-        detail: " after the watchdog aborted the communicator (a peer died or is stuck?); \
-                 the rank is still inside NCCL and the process ends"
+        what: format!("{what} on rank {rank} to return"),
+        timeout: allowed.saturating_add(STUCK_GRACE),
+        detail: " (a peer died or is stuck?): the rank's thread is still inside NCCL, which \
+                 nothing but the process's end can free; the watchdog ends the process"
             .into(),
         missing: Vec::new(),
     };
-    let code = crate::failure_record::report_failure(rank, &error);
-    // SAFETY: _exit has no preconditions. Not exit(): its handlers (CUDA's among them) would run
-    // while the rank's thread is still inside NCCL and CUDA.
-    unsafe { libc::_exit(code) }
+    end_process(rank, &error)
 }

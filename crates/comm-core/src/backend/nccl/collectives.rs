@@ -11,6 +11,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result, sys};
 
 use super::calls::NcclBackend;
+use super::group_safe;
 use crate::collective::{Checked, Collective};
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{CommError, Result};
@@ -134,11 +135,16 @@ unsafe fn launch(checked: &Checked, a: &Args) -> Status {
     }
 }
 
-/// `calls` between ncclGroupStart and ncclGroupEnd, which is called even when one failed.
+/// `calls` between ncclGroupStart and ncclGroupEnd, which is called even when one failed. Counted
+/// as every group is ([`group_safe`]); `calls` abort nothing, so no abort waits for this end.
 fn grouped(calls: impl FnOnce() -> Status) -> Status {
-    result::group_start()?;
+    group_safe::group_start()?;
     let queued = calls();
-    let ended = result::group_end();
+    let (ended, aborts) = group_safe::group_end();
+    debug_assert!(
+        aborts.is_empty(),
+        "an abort waited for a group that aborts nothing"
+    );
     queued.and(ended)
 }
 

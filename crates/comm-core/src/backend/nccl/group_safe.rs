@@ -4,12 +4,96 @@
 //! the kernel that uses it. So every device buffer knows its communicator's [`Groups`], and while
 //! a group is open there, a buffer that drops (on any thread) is kept, and freed when the
 //! outermost group has ended, after its kernels are enqueued.
+//!
+//! The same holds for an abort: inside a group NCCL only queues `ncclCommAbort`'s reclaim
+//! (group.cc's `ncclAsyncLaunch` runs a job at once only at group depth 0), and the outermost
+//! `ncclGroupEnd` runs it beside the group's launches. So this thread's group depth is kept
+//! as NCCL keeps it ([`Nesting`]: per thread, over every communicator), and an abort wanted
+//! inside a group waits for the outermost group's end.
 
 use std::any::Any;
+use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
+use cudarc::nccl::{result, sys};
+
+/// NCCL's group depth on one thread, and the aborts waiting for it to come back to 0. Pure
+/// bookkeeping (`C` is a communicator), so it is tested without a GPU.
+#[derive(Debug)]
+pub(super) struct Nesting<C> {
+    depth: usize,
+    deferred: Vec<C>,
+}
+
+impl<C> Nesting<C> {
+    const fn new() -> Self {
+        Nesting {
+            depth: 0,
+            deferred: Vec::new(),
+        }
+    }
+
+    /// `ncclGroupStart` succeeded (NCCL raised its depth).
+    fn started(&mut self) {
+        self.depth += 1;
+    }
+
+    /// `ncclGroupEnd` returned, with or without an error (NCCL lowers its depth either way):
+    /// the aborts to run now, all of them once the outermost group ended.
+    fn ended(&mut self) -> Vec<C> {
+        self.depth = self.depth.saturating_sub(1);
+        match self.depth {
+            0 => std::mem::take(&mut self.deferred),
+            _ => Vec::new(),
+        }
+    }
+
+    /// An abort of `comm` is wanted: outside every group it runs now (returned), inside one it
+    /// waits for the outermost group's end.
+    fn abort(&mut self, comm: C) -> Option<C> {
+        if self.depth == 0 {
+            return Some(comm);
+        }
+        self.deferred.push(comm);
+        None
+    }
+}
+
+/// A communicator handle whose abort may wait for a group's end.
+#[derive(Debug)]
+pub(super) struct Comm(pub(super) sys::ncclComm_t);
+
+thread_local! {
+    /// This thread's groups, as NCCL counts them (its `ncclGroupDepth` is thread-local too).
+    static NESTING: RefCell<Nesting<Comm>> = const { RefCell::new(Nesting::new()) };
+}
+
+/// `ncclGroupStart`, counted. Every group of this crate opens here.
+pub(super) fn group_start() -> Result<result::NcclStatus, result::NcclError> {
+    let started = result::group_start()?;
+    NESTING.with_borrow_mut(Nesting::started);
+    Ok(started)
+}
+
+/// `ncclGroupEnd`, counted; with it, the aborts that waited for the outermost group's end,
+/// which the caller must run (each once).
+#[must_use = "the aborts handed out must run"]
+pub(super) fn group_end() -> (Result<result::NcclStatus, result::NcclError>, Vec<Comm>) {
+    let ended = result::group_end();
+    (ended, NESTING.with_borrow_mut(Nesting::ended))
+}
+
+/// The abort of `comm` is wanted: returned if it may run now, else kept for [`group_end`].
+pub(super) fn abort(comm: Comm) -> Option<Comm> {
+    NESTING.with_borrow_mut(|nesting| nesting.abort(comm))
+}
+
+/// Whether this thread is inside an NCCL group.
+pub(super) fn in_group() -> bool {
+    NESTING.with_borrow(|nesting| nesting.depth > 0)
+}
 
 /// One communicator's open groups, and what dropped while one was open.
 #[derive(Default)]
@@ -107,6 +191,36 @@ impl<T: 'static> Drop for GroupSafe<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_abort_outside_groups_runs_at_once() {
+        let mut nesting = Nesting::new();
+        assert_eq!(nesting.abort("a"), Some("a"));
+        nesting.started();
+        assert!(nesting.ended().is_empty());
+        assert_eq!(nesting.abort("b"), Some("b"));
+    }
+
+    #[test]
+    fn an_abort_inside_nested_groups_waits_for_the_outermost_end() {
+        let mut nesting = Nesting::new();
+        nesting.started();
+        nesting.started();
+        assert_eq!(nesting.abort("inner"), None, "queued by NCCL if called now");
+        assert!(nesting.ended().is_empty(), "the outer group is still open");
+        assert_eq!(nesting.abort("outer"), None);
+        assert_eq!(nesting.ended(), ["inner", "outer"]);
+        assert!(nesting.ended().is_empty(), "each abort is handed out once");
+        assert_eq!(nesting.abort("after"), Some("after"));
+    }
+
+    #[test]
+    fn a_group_end_without_a_start_keeps_the_depth_at_zero() {
+        // NCCL refuses such an end and its depth stays 0: an abort after it runs at once.
+        let mut nesting = Nesting::new();
+        assert!(nesting.ended().is_empty());
+        assert_eq!(nesting.abort("a"), Some("a"));
+    }
 
     /// Notes when it is dropped.
     struct Noted(Arc<Mutex<Vec<&'static str>>>, &'static str);

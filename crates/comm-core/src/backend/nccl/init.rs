@@ -1,12 +1,13 @@
 //! The communicator comes up: `ncclCommInitRankConfig` with `blocking = 1`, on a thread of its
 //! own, while the rank waits for it at most the timeout.
 //!
-//! Why blocking: on a nonblocking communicator, NCCL 2.23 and later run every group end (each
-//! collective is an implicit group) on a new thread and answer `ncclInProgress`; every call then
-//! pays a thread's start and join. A blocking communicator enqueues on the caller's thread. Its
-//! init cannot be aborted from outside (the handle arrives only when it returns), so it runs on a
-//! thread of its own, once: if it outlives the timeout (a rank never came), the rank fails with a
-//! timeout and exits, and the thread stuck in NCCL goes with the process.
+//! Why blocking: on a nonblocking communicator (NCCL 2.14 and later, where they came in) every
+//! group end (each collective is an implicit group) runs on a new thread and answers
+//! `ncclInProgress`; every call then pays a thread's start and join. A blocking communicator
+//! enqueues on the caller's thread. Its init cannot be aborted from outside (the handle arrives
+//! only when it returns), so it runs on a thread of its own, once: if it outlives the timeout (a
+//! rank never came), the rank writes its failure and ends with `_exit`, taking the thread stuck
+//! in NCCL with it (`exit` would run libnccl's and libcuda's destructors under that thread).
 
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use cudarc::driver::CudaContext;
 use cudarc::nccl::{result, sys};
 
 use super::errors::nccl;
+use super::watchdog::end_process;
 use crate::error::{CommError, Result};
 
 /// The first NCCL with communicator configs (`ncclCommInitRankConfig`).
@@ -124,29 +126,90 @@ pub(super) fn init_rank(
             let _ = done.send((made, Handle(comm)));
         })
         .map_err(|e| CommError::io("starting NCCL's init thread", e))?;
-    match outcome.recv_timeout(timeout) {
-        Ok((Ok(()), Handle(comm))) => Ok(comm),
-        Ok((Err(why), Handle(comm))) => {
-            if !comm.is_null() {
-                // SAFETY: the communicator init handed out, never used; aborted once.
-                let _ = unsafe { result::comm_abort(comm) };
+    let timed_out = |stuck: bool| CommError::Timeout {
+        what: format!("NCCL's communicator on rank {rank} of {world_size} to come up"),
+        timeout,
+        detail: match stuck {
+            true => {
+                " (did every rank start? NCCL_DEBUG=INFO shows who connected); NCCL's init \
+                     is still running on its thread, so this rank ends at once"
             }
+            false => " (did every rank start? NCCL_DEBUG=INFO shows who connected)",
+        }
+        .into(),
+        missing: Vec::new(),
+    };
+    let free = |Handle(comm): Handle| {
+        if !comm.is_null() {
+            // SAFETY: the communicator init handed out, never used; aborted once.
+            let _ = unsafe { result::comm_abort(comm) };
+        }
+    };
+    match came(&outcome, timeout) {
+        Came::InTime((Ok(()), Handle(comm))) => Ok(comm),
+        Came::InTime((Err(why), handle)) => {
+            free(handle);
             Err(CommError::Backend(why))
         }
-        Err(_) => Err(CommError::Timeout {
-            what: format!("NCCL's communicator on rank {rank} of {world_size} to come up"),
-            timeout,
-            detail: " (did every rank start? NCCL_DEBUG=INFO shows who connected); NCCL's \
-                     init is left stuck on its thread, and this rank exits"
-                .into(),
-            missing: Vec::new(),
-        }),
+        // Out of NCCL just after the deadline: nothing is left inside it.
+        Came::Late((_, handle)) => {
+            free(handle);
+            Err(timed_out(false))
+        }
+        Came::Never => Err(CommError::Backend(
+            "NCCL's init thread ended without an answer".into(),
+        )),
+        Came::Stuck => end_process(rank, &timed_out(true)),
+    }
+}
+
+/// What the init thread's answer did within the timeout.
+#[derive(Debug, PartialEq, Eq)]
+enum Came<T> {
+    /// It came in time.
+    InTime(T),
+    /// It came, but after the timeout.
+    Late(T),
+    /// The thread ended without one (it panicked): it is not inside NCCL.
+    Never,
+    /// None yet: the thread is still inside NCCL's init, which nothing can interrupt; only the
+    /// process's end (`_exit`) frees it.
+    Stuck,
+}
+
+/// Waits at most `timeout` for the init thread's answer on `outcome`.
+fn came<T>(outcome: &mpsc::Receiver<T>, timeout: Duration) -> Came<T> {
+    match outcome.recv_timeout(timeout) {
+        Ok(answer) => Came::InTime(answer),
+        Err(mpsc::RecvTimeoutError::Disconnected) => Came::Never,
+        Err(mpsc::RecvTimeoutError::Timeout) => match outcome.try_recv() {
+            Ok(answer) => Came::Late(answer),
+            Err(mpsc::TryRecvError::Disconnected) => Came::Never,
+            Err(mpsc::TryRecvError::Empty) => Came::Stuck,
+        },
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_init_still_running_at_the_timeout_is_stuck_and_one_that_answered_is_not() {
+        let (tx, rx) = mpsc::channel::<u8>();
+        assert_eq!(came(&rx, Duration::from_millis(10)), Came::Stuck);
+        tx.send(1).unwrap();
+        drop(tx);
+        assert_eq!(came(&rx, Duration::from_millis(10)), Came::InTime(1));
+        assert_eq!(came(&rx, Duration::from_millis(10)), Came::Never);
+    }
+
+    #[test]
+    fn a_thread_that_ended_without_answering_is_not_stuck() {
+        let (tx, rx) = mpsc::channel::<u8>();
+        std::thread::spawn(move || drop(tx)).join().unwrap();
+        assert_eq!(came(&rx, Duration::from_secs(5)), Came::Never);
+    }
 
     #[test]
     fn the_config_is_nccls_initializer_with_blocking_said_outright() {

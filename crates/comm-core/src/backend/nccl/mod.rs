@@ -7,9 +7,10 @@
 //! PCIe, InfiniBand or TCP sockets; `NCCL_DEBUG=INFO` shows which).
 //!
 //! The communicator is a blocking one: every collective is enqueued on the rank's own thread and
-//! stream, then waited for on the GPU without sleeping. A watchdog thread (like PyTorch's) is
-//! shown each call and aborts the communicator when one outlives the timeout, e.g. because a peer
-//! died: an error, never a hang. Buffers dropped inside a group outlive its launch.
+//! stream, then waited for on the GPU without sleeping; a call that outlives the timeout (a peer
+//! died) is aborted by that thread: an error, never a hang. A watchdog thread (like PyTorch's
+//! heartbeat monitor) is shown each call and ends the process only when the rank is stuck inside
+//! NCCL past it. Buffers dropped and aborts wanted inside a group wait for its end.
 //!
 //! The rooms, one concept each: `probe` (can NCCL run here?), `id` (the unique Id), `errors`
 //! (NCCL's and CUDA's errors as ours), `watchdog` (waiting without hanging), `init` (the
