@@ -223,7 +223,7 @@ impl NcclBackend {
         let out = body();
         std::mem::forget(unwinding);
         let wait = self.batching(Batching::end_batch);
-        let watched = self.watchdog.arm("batch");
+        let watched = self.watchdog.arm("the calls of a batch");
         let waited = self.settle(wait, "batch", &watched);
         out.and_then(|value| waited.map(|_| value))
     }
@@ -247,7 +247,7 @@ impl NcclBackend {
         let out = body();
         std::mem::forget(unwinding);
         let wait = self.batching(Batching::end_group);
-        let watched = self.watchdog.arm("group");
+        let watched = self.watchdog.arm("a group's ncclGroupEnd and calls");
         let ended = self.group_end().and_then(enqueued);
         self.groups.close();
         let waited = match ended {
@@ -519,7 +519,7 @@ impl Drop for NcclBackend {
 /// The watchdog's end of a rank still inside NCCL's `what` `STUCK_GRACE` after the `allowed`
 /// time ran out (the rank's thread never came back to abort, or its abort is what hangs): only
 /// the process's end frees that thread. Reports why, as a failed rank does, and exits.
-fn stuck(rank: usize, what: &str, allowed: Duration) {
+fn stuck(rank: usize, what: &str, allowed: Duration) -> ! {
     let error = CommError::Timeout {
         what: format!("{what} on rank {rank} to return"),
         timeout: allowed.saturating_add(STUCK_GRACE),
