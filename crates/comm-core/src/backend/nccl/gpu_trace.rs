@@ -113,6 +113,14 @@ impl GpuTrace {
     /// Called after the calls were waited for: with every call read, the stream is idle, and an
     /// old anchor is renewed then.
     pub(super) fn read_finished(&mut self) -> Result<()> {
+        if !self.pending.is_empty() {
+            // As cudarc's elapsed_ms does before cuEventElapsedTime (a no-op on the rank's thread,
+            // where the context is current already).
+            self.stream
+                .context()
+                .bind_to_thread()
+                .map_err(cuda("binding the context"))?;
+        }
         let mut kept = Vec::new();
         for call in std::mem::take(&mut self.pending) {
             if !call
