@@ -13,9 +13,11 @@ use test_support::build;
 use test_support::process::Plainly;
 
 /// The folder of the example binaries gpu-check.sh runs (the root package's and comm-core's),
-/// brought up to date: a stale one would check old code.
+/// brought up to date: a stale one would check old code. comm-bench, which the script finds one
+/// folder up (target/<profile>), too.
 fn examples_dir() -> PathBuf {
     build::package_example("comm-core", "collective-check");
+    build::binary("comm-bench", "comm-bench");
     let hello = build::example("00-hello-world");
     hello.parent().unwrap().to_path_buf()
 }
@@ -37,19 +39,126 @@ fn the_gpu_check_script_passes_on_the_cpu_backend() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    // Every check the script has for the CPU backend ran and passed: none skipped, none missing.
     for check in [
         "hello-world",
         "broadcast",
         "allreduce",
         "collectives",
         "trace",
+        // 03 on both halves, and its ranks agreeing on one backend.
+        "gloo-vs-nccl",
+        "backend-agreed",
+        "gloo-half-timeline",
+        // comm-bench at each -z, -a and -I, with nothing wrong.
+        "bench-z0-a0",
+        "bench-z1-a1-I1",
+        "bench-z3-a2-I1",
+        "bench-z3-a3",
+        // A too-large -e refused size by size.
+        "bench-too-large",
+        // A rank killed mid-collective: the other ends within its --timeout + 2 s, naming it.
+        "rank-killed",
     ] {
         let row = stdout
             .lines()
-            .find(|l| l.starts_with(check))
-            .unwrap_or_else(|| panic!("{stdout}"));
-        assert!(row.contains(" PASS "), "{row}");
+            .find(|l| l.split_whitespace().next() == Some(check))
+            .unwrap_or_else(|| panic!("no {check} row in\n{stdout}"));
+        assert!(row.contains(" PASS "), "{row}\n{stdout}");
     }
+    assert!(!stdout.contains(" SKIP "), "{stdout}");
+}
+
+/// The script's own limits: each check is killed only well after the programs' --timeout, so
+/// that a hang meets the program's abort and watchdog first; and GPUs are counted as CUDA counts
+/// them, through CUDA_VISIBLE_DEVICES (nvidia-smi ignores it): hiding every GPU leaves none.
+#[test]
+fn the_gpu_check_script_waits_longer_than_the_programs_and_honours_cuda_visible_devices() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let script = std::fs::read_to_string(root.join("scripts/gpu-check.sh")).unwrap();
+    let number = |var: &str| -> u64 {
+        let prefix = format!("{var}=${{{var}:-");
+        let line = script
+            .lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix}"));
+        line[prefix.len()..].trim_end_matches('}').parse().unwrap()
+    };
+    let (program, check, kill) = (
+        number("PROGRAM_TIMEOUT"),
+        number("CHECK_LIMIT"),
+        number("KILL_TIMEOUT"),
+    );
+    assert!(
+        check >= 2 * program && kill + 2 < check,
+        "{program} {check} {kill}"
+    );
+    assert!(script.contains(r#"timeout "$CHECK_LIMIT" "$@""#));
+    assert!(!script.contains("timeout 300"));
+    // No GPU visible: the script stops at once, saying why, before running anything.
+    for hidden in ["", "-1", "-1,0"] {
+        let output = Command::new("bash")
+            .arg(root.join("scripts/gpu-check.sh"))
+            .env("CUDA_VISIBLE_DEVICES", hidden)
+            .env_remove("GPUS")
+            .env("PATH", fake_nvidia_smi())
+            .plainly()
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "CUDA_VISIBLE_DEVICES={hidden:?}: {stderr}"
+        );
+        assert!(stderr.contains("no GPU found"), "{stderr}");
+    }
+    // One of the two listed: one GPU (the checks themselves fail here, on binaries that are not
+    // in BIN_DIR, and fast).
+    let output = Command::new("bash")
+        .arg(root.join("scripts/gpu-check.sh"))
+        .env("CUDA_VISIBLE_DEVICES", "1")
+        .env_remove("GPUS")
+        .env("PATH", fake_nvidia_smi())
+        .env("BIN_DIR", "/nonexistent")
+        .plainly()
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.starts_with("gpu-check: 1 GPU, backend nccl"),
+        "{stdout}"
+    );
+    assert!(!output.status.success(), "{stdout}");
+    // With one GPU, NCCL runs one rank: the kill check says why it cannot run.
+    let killed = stdout
+        .lines()
+        .find(|l| l.starts_with("rank-killed "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        killed.contains(" SKIP ") && killed.contains("needs 2 ranks, and NCCL one GPU per rank"),
+        "{killed}"
+    );
+}
+
+/// A PATH whose nvidia-smi lists two GPUs, whatever CUDA_VISIBLE_DEVICES says (as the real one
+/// does), before the system's folders.
+fn fake_nvidia_smi() -> String {
+    let dir = std::env::temp_dir().join(format!("fake-nvidia-smi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let smi = dir.join("nvidia-smi");
+    std::fs::write(
+        &smi,
+        "#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-a)'\necho 'GPU 1: NVIDIA H100 (UUID: GPU-b)'\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
 }
 
 #[test]
