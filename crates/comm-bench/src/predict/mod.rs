@@ -208,8 +208,9 @@ fn shape(coll: Collective, bytes: u64, ranks: usize) -> (u64, u64) {
         Collective::AllGather | Collective::ReduceScatter => 4 * ranks as u64,
         _ => 4,
     };
+    // The count column is the call's, as comm-bench's and nccl-tests' tables print it.
     let count = bytes / per;
-    (count * per / 4, count * per)
+    (count, count * per)
 }
 
 /// The lines of one collective's table.
@@ -427,4 +428,19 @@ fn plot(dir: &std::path::Path, rows: &[Row], measured: Option<&PathBuf>) -> Resu
         println!("wrote {}", file.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// nccl-tests' columns: the size is the whole buffer, the count the call's (one rank's block
+    /// for all_gather and reduce_scatter), as comm-bench's measured tables print them.
+    #[test]
+    fn the_count_column_is_the_call_s_count() {
+        assert_eq!(shape(Collective::AllReduce, 1 << 20, 8), (1 << 18, 1 << 20));
+        assert_eq!(shape(Collective::AllGather, 1 << 20, 8), (1 << 15, 1 << 20));
+        assert_eq!(shape(Collective::ReduceScatter, 1000, 8), (31, 992));
+        assert_eq!(shape(Collective::AllGather, 16, 8), (0, 0));
+    }
 }
