@@ -1,6 +1,7 @@
-//! `comm-bench model` as a user runs it: a fresh sweep on this machine, fitted, every series
-//! described and close to its measurements; the report's words and curves from the same fit;
-//! files it cannot fit refused with a message.
+//! `comm-bench model` as a user runs it: the sweep the repository keeps, fitted close to its
+//! measurements; a fresh sweep on this machine fitted and every series described (how well it
+//! fits depends on how quiet the machine is, so that is not asserted); the report's words and
+//! curves from the same fit; files it cannot fit refused with a message.
 
 use std::process::Command;
 
@@ -35,13 +36,59 @@ fn percent_after(line: &str, label: &str) -> f64 {
         .unwrap_or_else(|_| panic!("a number after {label} in {line}"))
 }
 
+/// The series `comm-bench model` described: their header lines.
+fn series(stdout: &str) -> Vec<&str> {
+    stdout.lines().filter(|l| l.starts_with("cpu (")).collect()
+}
+
+/// The fit's quality, judged on the sweep the repository keeps (docs/src/data/cpu-sweep.csv, the
+/// curve chapter's): the same numbers on every machine, so a model that no longer follows the
+/// curve fails here and a slow or busy machine cannot.
 #[test]
-fn a_fresh_sweep_is_fitted_close_to_its_measurements() {
+fn the_kept_sweep_is_fitted_close_to_its_measurements() {
+    let data = root().join("docs/src/data/cpu-sweep.csv");
+    let (out, stdout, stderr) = run(&["model", data.to_str().unwrap()]);
+    assert!(out.status.success(), "{stderr}");
+    let series = series(&stdout);
+    assert_eq!(series.len(), 8, "2 collectives x 2 rank counts x 2 placements:\n{stdout}");
+    // Every series: its constants, its errors from 64 KiB, the regimes in words. The kept sweep
+    // was measured on a quiet machine: small sizes are latency-bound, large ones memory-bound.
+    assert_eq!(stdout.matches("  α = ").count(), 8, "{stdout}");
+    assert_eq!(
+        stdout
+            .matches("  Regimes: from 1 KiB latency-bound")
+            .count(),
+        8,
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("most bytes from memory").count(), 8, "{stdout}");
+    let accuracy: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("error at most"))
+        .collect();
+    assert_eq!(accuracy.len(), 8, "{stdout}");
+    for line in accuracy {
+        // This fit's medians are 3-14%: a model that no longer follows the curve is far off.
+        let median = percent_after(line, "median");
+        assert!(median <= 20.0, "median error {median}%: {line}\n{stdout}");
+    }
+    for line in stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("α = "))
+    {
+        let alpha = percent_after(line, "α = ");
+        assert!(alpha < 10.0, "a latency per step of a few microseconds: {line}");
+    }
+}
+
+/// A sweep measured now is fitted and described whatever the machine's speed: only the shape of
+/// the answer is asserted (a series per collective and placement, its constants, errors and
+/// regimes), never how well it fits, which depends on how quiet the machine is.
+#[test]
+fn a_fresh_sweep_is_fitted_and_described() {
     let dir = scratch("model");
     let csv = dir.join("sweep.csv");
     let csv = csv.to_str().unwrap();
-    // Each iteration timed alone (-z 3): the model fits the median iteration, which one slow
-    // iteration on a busy machine cannot move.
     let sweeping = one_sweep_at_a_time();
     let (out, _, stderr) = run(&[
         "--backend",
@@ -51,13 +98,13 @@ fn a_fresh_sweep_is_fitted_close_to_its_measurements() {
         "-b",
         "1K",
         "-e",
-        "4M",
+        "1M",
         "-f",
         "2",
         "-z",
         "3",
         "-n",
-        "20",
+        "5",
         "--collectives",
         "all_reduce,all_gather,reduce_scatter,broadcast",
         "--csv",
@@ -67,38 +114,14 @@ fn a_fresh_sweep_is_fitted_close_to_its_measurements() {
     drop(sweeping);
     let (out, stdout, stderr) = run(&["model", csv]);
     assert!(out.status.success(), "{stderr}");
-    let series: Vec<&str> = stdout.lines().filter(|l| l.starts_with("cpu (")).collect();
+    let series = series(&stdout);
     assert_eq!(series.len(), 8, "4 collectives x 2 placements:\n{stdout}");
     for name in ["all_reduce", "all_gather", "reduce_scatter", "broadcast"] {
         assert!(series.iter().any(|s| s.contains(name)), "{name}:\n{stdout}");
     }
-    // Every series: its constants, a row per size, its errors from 64 KiB, the regimes in words.
     assert_eq!(stdout.matches("  α = ").count(), 8, "{stdout}");
-    assert_eq!(
-        stdout
-            .matches("  Regimes: from 1 KiB latency-bound")
-            .count(),
-        8,
-        "{stdout}"
-    );
-    let accuracy: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.contains("error at most"))
-        .collect();
-    assert_eq!(accuracy.len(), 8, "{stdout}");
-    for line in accuracy {
-        // Generous for a loaded CI machine (this machine, quiet: medians 2-15%; the note of
-        // issue 24 has the figures): a model that no longer follows the curve is far off.
-        let median = percent_after(line, "median");
-        assert!(median <= 30.0, "median error {median}%: {line}\n{stdout}");
-    }
-    for line in stdout
-        .lines()
-        .filter(|l| l.trim_start().starts_with("α = "))
-    {
-        let alpha = percent_after(line, "α = ");
-        assert!(alpha < 1000.0, "a latency per step in microseconds: {line}");
-    }
+    assert_eq!(stdout.matches("  Regimes: from 1 KiB ").count(), 8, "{stdout}");
+    assert_eq!(stdout.matches("error at most").count(), 8, "{stdout}");
     // The report fits the same model: its words, and the dashed curves' legend.
     let report_dir = dir.join("report");
     let (out, stdout, stderr) = run(&["report", csv, "-o", report_dir.to_str().unwrap()]);
