@@ -425,6 +425,8 @@ impl Communicator {
     /// Blocks until every rank has called it.
     pub fn barrier(&self) -> Result<()> {
         let _range = crate::profile::range(|| "barrier".into());
+        crate::phase::enter(crate::phase::Phase::Barrier);
+        let _between = PhaseAfterCall;
         match &self.engine {
             Engine::Cpu(t) => algorithms::barrier(t.as_ref()),
             Engine::Nccl(nccl) => nccl.barrier(),
@@ -460,6 +462,8 @@ impl Communicator {
             self.rank,
             self.world_size,
         )?;
+        crate::phase::enter_collective(call.collective);
+        let _between = PhaseAfterCall;
         let traced = crate::trace::on().then(|| {
             let bytes = recv.len() * std::mem::size_of::<T>();
             let args = crate::trace::Args {
@@ -670,5 +674,14 @@ impl Communicator {
         let scope = store.scoped(&self.name).scoped("grid");
         let scope = scope.scoped(&step.to_string());
         crate::grid::share(&scope, self.rank, self.world_size, title, row)
+    }
+}
+
+/// Marks the rank back in its own code when a call returns, errors and panics included.
+struct PhaseAfterCall;
+
+impl Drop for PhaseAfterCall {
+    fn drop(&mut self) {
+        crate::phase::enter(crate::phase::Phase::Working);
     }
 }

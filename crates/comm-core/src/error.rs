@@ -211,6 +211,25 @@ pub enum CommError {
         reason: String,
     },
 
+    /// Rank `gone` vanished: its connection to the store closed before it finished or said
+    /// why, so it was killed or crashed. The store's server saw it (our own store only: under
+    /// torchrun, its agent watches the workers) and ended the job for every rank at once.
+    #[error(
+        "rank {gone} ({claim}) vanished while rank {rank} was {phase}: its connection to the \
+         store closed before it finished (killed, out of memory, or crashed? look at its output, \
+         and at `dmesg` on its host)"
+    )]
+    RankVanished {
+        /// The rank that stops.
+        rank: usize,
+        /// The rank that vanished.
+        gone: usize,
+        /// Which process it was: "pid <pid> at <its store connection's address>".
+        claim: String,
+        /// What this rank was doing then ([`crate::phase`]).
+        phase: String,
+    },
+
     /// Rank `rank` refused a connection to its peer port from `from`: it came from another run
     /// (`their_run` differs from `our_run`), from a job of another size, or claimed a rank that
     /// is already connected or cannot connect to this one. Another job is most likely using the
@@ -342,6 +361,7 @@ impl CommError {
             | CommError::PeerUnreachable { peer, .. } => Some(*peer),
             CommError::Timeout { missing, .. } if missing.len() == 1 => Some(missing[0]),
             CommError::JobAborted { by, .. } => Some(*by),
+            CommError::RankVanished { gone, .. } => Some(*gone),
             CommError::StoreUnreachable { .. } | CommError::StoreLost { .. } => Some(STORE_RANK),
             _ => None,
         }
@@ -383,6 +403,7 @@ impl CommError {
             CommError::StoreLimit { .. } => "store_limit",
             CommError::ForeignPeer { .. } => "foreign_peer",
             CommError::JobAborted { .. } => "job_aborted",
+            CommError::RankVanished { .. } => "rank_vanished",
             CommError::Peer(_) => "peer",
             CommError::Backend(_) => "backend",
         }

@@ -14,6 +14,7 @@ use crate::backend::nccl::{self, NcclBackend};
 use crate::backend::{self, BackendChoice, BackendKind, Selection};
 use crate::comm::Communicator;
 use crate::error::{CommError, Result};
+use crate::phase::Phase;
 use crate::store::{Membership, Store, StoreServer};
 use crate::topology::{StoreHost, Topology};
 
@@ -54,6 +55,7 @@ impl Job {
         let selection = backend::select(choice)?;
         let (rank, world_size) = (topology.rank, topology.world_size);
         let _range = crate::profile::range(|| "rendezvous".into());
+        crate::phase::enter(Phase::Rendezvous);
         let server = match (rank, topology.store) {
             (0, StoreHost::RankZero) => Some(StoreServer::bind_job(
                 &topology.master_addr,
@@ -74,6 +76,7 @@ impl Job {
         let store = Store::join(&topology.master_addr, topology.master_port, &who, timeout)?;
         let serving = server.clone();
         store.when_job_ends(move |error| stop_now(rank, &error, serving.as_deref()));
+        crate::phase::enter(Phase::Working);
         Ok(Job {
             topology: topology.clone(),
             selection,
@@ -152,6 +155,7 @@ impl Job {
         let _range = crate::profile::range(|| format!("communicator init ({})", selection.kind));
         let ours = selection.kind.to_string();
         let scope = self.store.scoped(&name);
+        crate::phase::enter(Phase::Connecting);
         let chosen = scope.rank0_value("backend", &ours)?;
         if chosen != ours {
             return Err(CommError::Backend(format!(
@@ -186,18 +190,21 @@ impl Job {
                 // one error on every rank, before NCCL would refuse them.
                 nccl::check_one_gpu_per_rank(&scope, rank, world_size, ordinal)?;
                 let nccl = scope.scoped("nccl");
+                crate::phase::enter(Phase::NcclInit);
                 let backend = NcclBackend::connect(&nccl, rank, world_size, ordinal)?;
                 Communicator::nccl(backend, rank, world_size, topology.local_rank, ordinal)
             }
         };
         let comm = comm.with_store(self.store.clone(), &name);
+        crate::phase::enter(Phase::Working);
         Ok(comm.with_algo(self.algo).with_steps(self.steps))
     }
 
     /// Ends the job for every rank because this one failed with `error`: the others stop at once
     /// instead of waiting for this rank until their timeout. Best effort. Not for the failures
     /// the others see by themselves (a timeout, a peer's or the store's loss): each of them then
-    /// reports what it waited for, which is how the launcher finds the rank at the root.
+    /// reports what it waited for, which is how the launcher finds the rank at the root; this
+    /// rank only says it leaves knowingly, so that its exit is not taken for a rank vanishing.
     pub fn abort(&self, error: &CommError) {
         let seen_by_all = matches!(
             error,
@@ -209,18 +216,22 @@ impl Job {
                 | CommError::StoreUnreachable { .. }
                 | CommError::JobAborted { .. }
         );
-        if !seen_by_all {
+        if seen_by_all {
+            self.store.leave();
+        } else {
             self.store.abort(error);
         }
     }
 
     /// After this rank failed: if it serves the store, keeps serving it while the other ranks
-    /// are still connected (at most the timeout, and 10 s), so that each of them fails by itself
-    /// saying what it waited for (the launcher follows those reports to the root cause) instead
-    /// of all losing the store the moment this rank exits.
+    /// are still connected, for at most a second, so that each of them fails by itself saying
+    /// what it waited for (the launcher follows those reports to the root cause) instead of all
+    /// losing the store the moment this rank exits. A second is enough: the others fail at
+    /// about the same deadline, or stop at once on the abort key. Longer would keep a job whose
+    /// rank was stopped (SIGSTOP), and so never disconnects, alive past its timeout.
     pub fn linger(&self) {
         if let Some(server) = &self.server {
-            let longest = self.store.timeout().min(Duration::from_secs(10));
+            let longest = self.store.timeout().min(LINGER);
             // This rank's own two connections (requests and the watcher) stay open meanwhile.
             server.wait_until_at_most(2, longest);
         }
@@ -229,10 +240,13 @@ impl Job {
     /// Ends the job cleanly: waits for every rank, then rank 0 keeps serving the store until the
     /// others have disconnected, so nobody loses it while waiting for an answer.
     pub fn finish(self) -> Result<()> {
+        crate::phase::enter(Phase::Finishing);
         if let Some(file) = &self.trace {
             crate::trace::write_part(file)?;
         }
         self.store.barrier("finish")?;
+        // Every rank is here: closing the store's connections is no news now.
+        self.store.leave();
         if let (Some(file), 0) = (&self.trace, self.topology.rank) {
             crate::trace::merge(file, self.topology.world_size)?;
         }
@@ -247,10 +261,15 @@ impl Job {
 }
 
 /// Stops this rank now, from the store's watcher, because the job ended under it (another rank
-/// failed, or the store is gone): reports `error` and exits, unless the main thread reported a
-/// failure first (it then exits by itself). Shared-memory segments this process created and has
-/// not yet unlinked go first, so nothing is left in /dev/shm. Rank 0 serves the store a moment
-/// longer (up to 2 s), until the other ranks have read why the job ended and left.
+/// failed or vanished, or the store is gone): reports `error` and exits, unless the main thread
+/// reported a failure first (it then exits by itself). Shared-memory segments this process
+/// created and has not yet unlinked go first, so nothing is left in /dev/shm. Rank 0 serves the
+/// store a moment longer (up to 1 s), until the other ranks have read why the job ended and left.
+///
+/// The exit is `_exit`, as PyTorch's watchdog ends a process: the rank's own thread may be
+/// inside NCCL or CUDA right now, and `exit` would run libnccl's and libcuda's static destructors
+/// and atexit handlers under that live call. Only stdout is flushed first (within 100 ms: the
+/// main thread may hold its lock, blocked on a full pipe).
 fn stop_now(rank: usize, error: &CommError, server: Option<&StoreServer>) {
     if crate::failure_record::reported() {
         return;
@@ -259,7 +278,25 @@ fn stop_now(rank: usize, error: &CommError, server: Option<&StoreServer>) {
     crate::backend::cpu::remove_own_segments();
     if let Some(server) = server {
         // This rank's own two connections (requests and the watcher) stay open till the exit.
-        server.wait_until_at_most(2, Duration::from_secs(2));
+        server.wait_until_at_most(2, LINGER);
     }
-    std::process::exit(code);
+    exit_now(code);
+}
+
+/// At most this long rank 0 keeps serving the store after it failed or the job ended under it.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Ends the process with `code` without running atexit handlers or static destructors (see
+/// [`stop_now`]), after flushing stdout if that can be done within 100 ms.
+pub fn exit_now(code: i32) -> ! {
+    let (flushed, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let _ = flushed.send(());
+    });
+    let _ = done.recv_timeout(Duration::from_millis(100));
+    // SAFETY: `_exit` has no preconditions; it ends the process at once, on purpose without
+    // running destructors of a library that another thread may be inside.
+    unsafe { libc::_exit(code) }
 }

@@ -23,6 +23,7 @@ pub mod host;
 pub mod job;
 pub mod launch;
 pub mod memory;
+pub mod phase;
 pub mod profile;
 pub mod ring_lesson;
 pub mod spawn;

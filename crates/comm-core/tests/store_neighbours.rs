@@ -353,12 +353,15 @@ fn connections_beyond_the_bound_are_closed_and_a_rank_waits_for_room() {
             .contains("over its bound of open connections"),
         "{err}"
     );
-    // When a rank leaves, the waiting one gets in.
+    // When a rank leaves (saying so: otherwise it vanished, and the job ends), the waiting one
+    // gets in.
     std::thread::scope(|s| {
         let late = s
             .spawn(|| Store::connect_job("127.0.0.1", server.port(), 3, 4, None, LONG).map(|_| ()));
         std::thread::sleep(Duration::from_millis(300));
-        ranks.pop();
+        let leaving = ranks.pop().unwrap();
+        leaving.leave();
+        drop(leaving);
         late.join().unwrap().unwrap();
     });
 }

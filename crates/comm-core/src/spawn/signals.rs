@@ -131,11 +131,16 @@ pub(super) fn take_signal() -> Option<i32> {
     }
 }
 
-/// Sends `sig` to the group of every rank still running (`running[i]` for `pids[i]`).
+/// Sends `sig` to the group of every rank still running (`running[i]` for `pids[i]`). SIGTERM is
+/// followed by SIGCONT, as systemd stops a service: a rank stopped with SIGSTOP (or Ctrl-Z) would
+/// otherwise keep the SIGTERM pending, and the job would wait out the grace for its SIGKILL.
 pub(super) fn stop(pids: &[u32], running: &[bool], sig: i32) {
     for (&pid, &alive) in pids.iter().zip(running) {
         if alive {
             signal_group(pid, sig);
+            if sig == libc::SIGTERM {
+                signal_group(pid, libc::SIGCONT);
+            }
         }
     }
 }

@@ -196,6 +196,13 @@ impl Store {
         self.timeout
     }
 
+    /// Says that this rank leaves the job knowingly (it finished, or failed and said why): its
+    /// connections closing is then no news to our server, which otherwise takes a rank whose
+    /// connection closes for one that vanished and ends the job (`membership.rs`). Best effort.
+    pub fn leave(&self) {
+        let _ = self.set(&membership::left_key(self.rank), b"");
+    }
+
     /// Calls `hook` once, from the watcher's thread, when another rank ends the job or the store
     /// goes away (at once if that happened already). Not called after this store is dropped.
     pub fn when_job_ends(&self, hook: impl FnOnce(CommError) + Send + 'static) {

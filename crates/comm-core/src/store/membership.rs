@@ -7,7 +7,8 @@
 //! | `job/run_id` | the run id | our server at start, or the first rank to join |
 //! | `job/world_size` | the world size | our server at start, or the first rank to join |
 //! | `job/rank/<r>` | `<address> (pid <pid>)` | rank r, as it joins |
-//! | `job/abort` | `<rank>\n<its error>` | the first rank to end the job |
+//! | `job/abort` | `<rank>\n<its error>` | the first rank to end the job, or our server for a rank that vanished |
+//! | `job/left/<r>` | empty | rank r, as it leaves knowingly (finished, or failed and said why) |
 //! | `job/keys` | one `<rank> <key>` line per `set` | every rank (the index readers outside use) |
 //!
 //! Joining is three COMPARE_SETs, each of which either writes this rank's fact or answers the
@@ -16,10 +17,18 @@
 //! processes were given one rank. The last two write `job/abort`, which every rank's watcher
 //! waits for (`client.rs`): the whole job stops at once. A rank of another run does not: that job
 //! is not its own.
+//!
+//! A rank that vanishes (killed, crashed) tells nobody, but its connections to the store close.
+//! Our server (not torchrun's agent store, whose agent watches its workers itself) matches a
+//! closed connection's address with the ranks' claims, and unless that rank said it was leaving
+//! (`job/left/<r>`), writes the abort key for it ([`vanished`]): every rank's watcher hears of it
+//! within milliseconds, in whatever phase it is, as torchrun's agent hears of a dead worker.
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::client::Store;
+use super::client::{wire_key, Store};
 use crate::error::{CommError, Result};
 
 pub const RUN_ID_KEY: &str = "job/run_id";
@@ -27,6 +36,14 @@ pub const WORLD_SIZE_KEY: &str = "job/world_size";
 pub const ABORT_KEY: &str = "job/abort";
 /// The job's index of keys: who set which (see [`Store::set`]).
 pub const INDEX_KEY: &str = "job/keys";
+
+/// The key rank `rank` sets as it leaves knowingly: its connections closing is not news then.
+pub fn left_key(rank: usize) -> String {
+    format!("job/left/{rank}")
+}
+
+/// How an abort written by the server for a vanished rank starts its reason (after `<rank>\n`).
+const VANISHED: &str = "vanished: ";
 
 /// The key rank `rank` claims as it joins.
 pub fn rank_key(rank: usize) -> String {
@@ -126,9 +143,90 @@ pub fn abort(store: &Store, error: &CommError) {
 pub(super) fn reason(rank: usize, value: &[u8]) -> CommError {
     let text = String::from_utf8_lossy(value);
     let (by, reason) = text.split_once('\n').unwrap_or(("?", &text));
-    CommError::JobAborted {
-        rank,
-        by: by.trim().parse().unwrap_or(usize::MAX),
-        reason: reason.to_string(),
+    let by = by.trim().parse().unwrap_or(usize::MAX);
+    match reason.strip_prefix(VANISHED) {
+        Some(claim) => CommError::RankVanished {
+            rank,
+            gone: by,
+            claim: claim.to_string(),
+            phase: crate::phase::now(),
+        },
+        None => CommError::JobAborted {
+            rank,
+            by,
+            reason: reason.to_string(),
+        },
+    }
+}
+
+/// What our server writes when a connection from `peer` closes (`values`: what it stores, under
+/// wire keys of the empty namespace, its own): the abort key and its value when the connection
+/// was a rank's (its claim starts with that address) and the rank neither said it was leaving
+/// nor did the job end already.
+pub(super) fn vanished(
+    values: &HashMap<String, Vec<u8>>,
+    peer: SocketAddr,
+) -> Option<(String, Vec<u8>)> {
+    let abort = wire_key("", ABORT_KEY);
+    if values.contains_key(&abort) {
+        return None;
+    }
+    let claims = wire_key("", "job/rank/");
+    let address = peer.to_string();
+    let (rank, claim) = values.iter().find_map(|(key, value)| {
+        let rank: usize = key.strip_prefix(&claims)?.parse().ok()?;
+        let claim = std::str::from_utf8(value).ok()?;
+        (claim.split(' ').next() == Some(address.as_str())).then_some((rank, claim))
+    })?;
+    if values.contains_key(&wire_key("", &left_key(rank))) {
+        return None;
+    }
+    // The claim is "<address> (pid <pid>)": said as "pid <pid> at <address>".
+    let pid = claim
+        .split_once("(pid ")
+        .map_or("", |(_, p)| p.trim_end_matches(')'));
+    let who = format!("pid {pid} at {address}");
+    Some((abort, format!("{rank}\n{VANISHED}{who}").into_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(pairs: &[(&str, &str)]) -> HashMap<String, Vec<u8>> {
+        pairs
+            .iter()
+            .map(|(k, v)| (wire_key("", k), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn a_ranks_connection_closing_before_it_left_ends_the_job_naming_it() {
+        let peer: SocketAddr = "127.0.0.1:40280".parse().unwrap();
+        let claim = "127.0.0.1:40280 (pid 1797)";
+        let values = stored(&[
+            (&rank_key(0), "127.0.0.1:40100 (pid 1)"),
+            (&rank_key(2), claim),
+        ]);
+        let (key, value) = vanished(&values, peer).expect("rank 2 vanished");
+        assert_eq!(key, wire_key("", ABORT_KEY));
+        match reason(1, &value) {
+            CommError::RankVanished {
+                rank,
+                gone,
+                claim: c,
+                ..
+            } => assert_eq!(
+                (rank, gone, c.as_str()),
+                (1, 2, "pid 1797 at 127.0.0.1:40280")
+            ),
+            other => panic!("{other}"),
+        }
+        // Not news: a stranger's connection, a rank that said it was leaving, a job already ended.
+        assert!(vanished(&values, "127.0.0.1:9".parse().unwrap()).is_none());
+        let left = stored(&[(&rank_key(2), claim), (&left_key(2), "")]);
+        assert!(vanished(&left, peer).is_none());
+        let ended = stored(&[(&rank_key(2), claim), (ABORT_KEY, "0\nwhy")]);
+        assert!(vanished(&ended, peer).is_none());
     }
 }

@@ -13,7 +13,7 @@
 //! node, not against attackers: the store trusts its network, as PyTorch's does.
 
 mod client;
-mod membership;
+pub(crate) mod membership;
 mod scoped;
 mod server;
 mod wire;

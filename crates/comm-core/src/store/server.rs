@@ -696,9 +696,18 @@ impl Server {
     fn close(&mut self, id: u64, why: Close) {
         self.forget_wait(id);
         if let Some(conn) = self.connections.remove(&id) {
-            if let Close::Refused(reason) = why {
-                let peer = conn.peer;
-                self.say(format_args!("closed the connection from {peer}: {reason}"));
+            match why {
+                Close::Refused(reason) => {
+                    let peer = conn.peer;
+                    self.say(format_args!("closed the connection from {peer}: {reason}"));
+                }
+                // A rank's connection closed by the other end: news if the rank did not say it
+                // was leaving (see `membership.rs`).
+                Close::Gone => {
+                    if let Some((abort, why)) = membership::vanished(&self.values, conn.peer) {
+                        let _ = self.set(abort, why);
+                    }
+                }
             }
         }
     }
