@@ -50,7 +50,11 @@ fn the_kept_sweep_is_fitted_close_to_its_measurements() {
     let (out, stdout, stderr) = run(&["model", data.to_str().unwrap()]);
     assert!(out.status.success(), "{stderr}");
     let series = series(&stdout);
-    assert_eq!(series.len(), 8, "2 collectives x 2 rank counts x 2 placements:\n{stdout}");
+    assert_eq!(
+        series.len(),
+        8,
+        "2 collectives x 2 rank counts x 2 placements:\n{stdout}"
+    );
     // Every series: its constants, its errors from 64 KiB, the regimes in words. The kept sweep
     // was measured on a quiet machine: small sizes are latency-bound, large ones memory-bound.
     assert_eq!(stdout.matches("  α = ").count(), 8, "{stdout}");
@@ -61,7 +65,11 @@ fn the_kept_sweep_is_fitted_close_to_its_measurements() {
         8,
         "{stdout}"
     );
-    assert_eq!(stdout.matches("most bytes from memory").count(), 8, "{stdout}");
+    assert_eq!(
+        stdout.matches("most bytes from memory").count(),
+        8,
+        "{stdout}"
+    );
     let accuracy: Vec<&str> = stdout
         .lines()
         .filter(|l| l.contains("error at most"))
@@ -77,7 +85,10 @@ fn the_kept_sweep_is_fitted_close_to_its_measurements() {
         .filter(|l| l.trim_start().starts_with("α = "))
     {
         let alpha = percent_after(line, "α = ");
-        assert!(alpha < 10.0, "a latency per step of a few microseconds: {line}");
+        assert!(
+            alpha < 10.0,
+            "a latency per step of a few microseconds: {line}"
+        );
     }
 }
 
@@ -120,7 +131,11 @@ fn a_fresh_sweep_is_fitted_and_described() {
         assert!(series.iter().any(|s| s.contains(name)), "{name}:\n{stdout}");
     }
     assert_eq!(stdout.matches("  α = ").count(), 8, "{stdout}");
-    assert_eq!(stdout.matches("  Regimes: from 1 KiB ").count(), 8, "{stdout}");
+    assert_eq!(
+        stdout.matches("  Regimes: from 1 KiB ").count(),
+        8,
+        "{stdout}"
+    );
     assert_eq!(stdout.matches("error at most").count(), 8, "{stdout}");
     // The report fits the same model: its words, and the dashed curves' legend.
     let report_dir = dir.join("report");
