@@ -353,15 +353,12 @@ fn connections_beyond_the_bound_are_closed_and_a_rank_waits_for_room() {
             .contains("over its bound of open connections"),
         "{err}"
     );
-    // When a rank leaves (saying so: otherwise it vanished, and the job ends), the waiting one
-    // gets in.
+    // When a rank leaves, the waiting one gets in.
     std::thread::scope(|s| {
         let late = s
             .spawn(|| Store::connect_job("127.0.0.1", server.port(), 3, 4, None, LONG).map(|_| ()));
         std::thread::sleep(Duration::from_millis(300));
-        let leaving = ranks.pop().unwrap();
-        leaving.leave();
-        drop(leaving);
+        ranks.pop();
         late.join().unwrap().unwrap();
     });
 }
@@ -482,4 +479,18 @@ fn starve_and_recover() {
         );
         joined.unwrap();
     });
+}
+
+#[test]
+fn a_store_dropped_in_order_leaves_without_ending_the_job() {
+    let server = job_server(3, None);
+    let zero = join(&server, 0, 3, None);
+    let one = join(&server, 1, 3, None);
+    // Rank 1 is done with the store (a library user's drop, not a vanished process).
+    drop(one);
+    assert!(server.wait_until_at_most(2, Duration::from_secs(5)));
+    assert!(!zero.check(&["job/abort"]).unwrap(), "no rank vanished");
+    assert!(zero.check(&["job/left/1"]).unwrap(), "rank 1 said it left");
+    // A rank of the job that comes later still joins.
+    join(&server, 2, 3, None);
 }

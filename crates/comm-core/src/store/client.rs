@@ -203,6 +203,21 @@ impl Store {
         let _ = self.set(&membership::left_key(self.rank), b"");
     }
 
+    /// [`Store::leave`] as the store is dropped: the SET alone, unconfirmed (TCPStore does not
+    /// answer a SET; the server reads it before this connection's end), and given up after
+    /// 100 ms, so that dropping a store never waits on a store that is stuck or gone.
+    fn say_leaving(&self) {
+        let request = Encoder::command(query::SET)
+            .bytes(self.wire(&membership::left_key(self.rank)).as_bytes())
+            .bytes(b"");
+        if let Ok(mut conn) = self.conn.try_lock() {
+            let _ = conn
+                .stream
+                .set_write_timeout(Some(Duration::from_millis(100)));
+            let _ = conn.send(&request.0);
+        }
+    }
+
     /// Calls `hook` once, from the watcher's thread, when another rank ends the job or the store
     /// goes away (at once if that happened already). Not called after this store is dropped.
     pub fn when_job_ends(&self, hook: impl FnOnce(CommError) + Send + 'static) {
@@ -586,6 +601,11 @@ impl Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
+        // Dropped in order, this rank leaves knowingly; dropped by a panic, or never dropped (a
+        // killed process), its connection closing is news the server passes on.
+        if !std::thread::panicking() {
+            self.say_leaving();
+        }
         self.watch.stopping.store(true, Ordering::SeqCst);
         if let Some((stream, thread)) = self.watcher.take() {
             let _ = stream.shutdown(Shutdown::Both);
