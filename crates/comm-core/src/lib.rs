@@ -10,6 +10,7 @@
 //! together. Every collective is described once, in [`collective`]; [`check`], the tests and
 //! comm-bench read that table.
 
+pub mod agree;
 pub mod backend;
 pub mod check;
 pub mod collective;

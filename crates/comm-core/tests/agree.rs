@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use comm_core::backend::agree::{agree, Disagreement};
+use comm_core::agree::{agree, Disagreement};
 use comm_core::store::{Store, StoreServer};
 
 /// Long, so that a rank left waiting for the other would show as a wait this long.

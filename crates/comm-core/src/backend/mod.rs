@@ -2,7 +2,6 @@
 //! (GPUs through cudarc) plugs in behind the same communicator. `auto` picks NCCL where a GPU
 //! and libnccl are usable, else the CPU, and says which and why.
 
-pub mod agree;
 pub mod cpu;
 pub mod nccl;
 

@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{nccl, BackendChoice, BackendKind};
+use crate::backend::{nccl, BackendChoice, BackendKind};
 use crate::comm::Communicator;
 use crate::error::Result;
 use crate::job::Job;
