@@ -195,8 +195,10 @@ fn restarted_ranks_meet_again_at_the_same_port() {
             .filter(|l| l.starts_with(&format!("[{rank}]: ")) && l.ends_with(&said));
         assert_eq!(lines.count(), 1, "{said}:\n{stdout}");
     }
+    // Rank 0 may fail too (rank 1 vanished under it), after rank 1: the root cause is rank 1's.
     assert!(
-        stderr.contains("rank 1 exited with code 3; restarting the worker group (attempt 2 of 2)"),
+        stderr.contains("rank 1 exited with code 3")
+            && stderr.contains("restarting the worker group (attempt 2 of 2)"),
         "{stderr}"
     );
 }
