@@ -8,7 +8,8 @@
 //! a call here and hands it to a backend; the correctness checks ([`crate::check`],
 //! `collective-check`, the GPU check script); the collective tests; comm-bench's plan, measurement
 //! and report. Adding a collective is one [`Collective`] variant and its table entry here, its CPU
-//! algorithm (`backend/cpu/algorithms.rs`) and its NCCL mapping (`backend/nccl/collectives.rs`).
+//! algorithm (in `backend/cpu/algorithms/`, one file per family) and its NCCL mapping
+//! (`backend/nccl/collectives.rs`).
 
 use std::fmt;
 use std::ops::Range;

@@ -1,6 +1,6 @@
 //! The ring all-reduce as a lesson: the idea on one page, written with the public API
 //! ([`Communicator::send_recv`]) so that it runs on either backend. The CPU backend's own ring
-//! (`backend/cpu/algorithms.rs`, [`Communicator::all_reduce`]) is the same schedule with the
+//! (`backend/cpu/algorithms/ring.rs`, [`Communicator::all_reduce`]) is the same schedule with the
 //! engineering added: pieces that overlap sending and adding, partial sums kept out of place,
 //! reductions read straight from the transport's slots. `tests/ring_lesson.rs` checks that the
 //! two give the same sums.

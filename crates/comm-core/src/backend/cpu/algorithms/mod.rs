@@ -1,0 +1,87 @@
+//! The classic collective algorithms, CPU-mediated as Gloo runs them, over any
+//! [`Transport`](super::Transport). Each works in place on one host slice, or out of place
+//! reading `send` and writing `recv` directly (`_into`), never copying the whole input to a
+//! scratch buffer first.
+//!
+//! - broadcast: a binomial tree for small messages (⌈log2 n⌉ rounds, farthest first: the root
+//!   sends half the world away, then every holder half as far each round), a pipelined chain
+//!   for large ones (each rank forwards a segment while receiving the next, so time ≈ bytes /
+//!   bandwidth).
+//! - all_reduce: small messages go straight to every peer and each rank reduces all n buffers in
+//!   rank order (one round, identical bits everywhere); large ones take the ring: reduce-scatter,
+//!   then all-gather, each n-1 steps moving 1/n of the buffer, so every link carries
+//!   2(n-1)/n × bytes — the factor in nccl-tests' busbw.
+//! - reduce_scatter and all_gather: the two halves of that ring.
+//! - reduce: a binomial tree for small messages; ring reduce-scatter then a gather for large.
+//! - all_to_all: a pairwise exchange: in step s every rank sends to rank+s while it receives
+//!   from rank-s, so each link carries one block at a time and no rank waits on a busy peer.
+//!
+//! Each public function is one call with one deadline ([`CallScope`](super::CallScope)): all its
+//! steps together must finish within the transport's timeout.
+//!
+//! One file per family, as Gloo keeps one per algorithm: [`ring`] (all_reduce's ring,
+//! reduce_scatter, all_gather), [`direct`] (all_reduce's one-step exchange), [`tree`] (broadcast's
+//! tree and chain, the small reduce's tree), [`rooted`] (reduce, gather, scatter), [`all_to_all`],
+//! [`barrier`]; [`choice`] picks by name or size, [`blocks`] and [`scratch`] serve them all.
+
+mod all_to_all;
+mod barrier;
+mod blocks;
+mod choice;
+mod direct;
+mod ring;
+mod rooted;
+mod scratch;
+mod tree;
+
+use bytemuck::{cast_slice, cast_slice_mut};
+
+pub use all_to_all::all_to_all;
+pub use barrier::barrier;
+pub use blocks::block;
+pub use choice::{chosen, Algo, CHAIN_SEGMENT_BYTES};
+pub use ring::{
+    all_gather, all_gather_into, all_reduce, all_reduce_into, reduce_scatter, reduce_scatter_into,
+    ring_all_gather, ring_reduce_scatter, Partials,
+};
+pub use rooted::{gather, reduce, reduce_into, scatter};
+pub use tree::{broadcast, broadcast_into};
+
+use crate::backend::cpu::transport::Transport;
+use crate::collective::{Call, Checked, Collective};
+use crate::dtype::Element;
+use crate::error::{CommError, Result};
+
+/// Runs one checked call of the collective table on this rank's host slices (`send` `None`: in
+/// place, `recv` is the one buffer), with the algorithm `algo` names where it names one of the
+/// collective's: the CPU backend's one dispatch.
+pub fn run<T: Element>(
+    t: &dyn Transport,
+    checked: &Checked,
+    send: Option<&[T]>,
+    recv: &mut [T],
+    algo: Option<Algo>,
+) -> Result<()> {
+    let Call { op, root, .. } = checked.call;
+    let count = checked.counts.count;
+    match (checked.call.collective, send) {
+        (Collective::AllReduce, None) => all_reduce(t, recv, op, algo),
+        (Collective::AllReduce, Some(send)) => all_reduce_into(t, send, recv, op, algo),
+        (Collective::AllGather, None) => all_gather(t, recv),
+        (Collective::AllGather, Some(send)) => all_gather_into(t, send, recv),
+        (Collective::ReduceScatter, None) => reduce_scatter(t, recv, op),
+        (Collective::ReduceScatter, Some(send)) => reduce_scatter_into(t, send, recv, op),
+        (Collective::Broadcast, None) => broadcast(t, recv, root, algo),
+        (Collective::Broadcast, Some(send)) => broadcast_into(t, send, recv, root, algo),
+        (Collective::Reduce, None) => reduce(t, recv, op, root),
+        (Collective::Reduce, Some(send)) => reduce_into(t, send, recv, op, root),
+        (Collective::SendRecv, Some(send)) => {
+            let (to, from) = checked.call.exchange_peers(t.rank(), t.world_size());
+            t.send_recv(to, cast_slice(send), from, cast_slice_mut(recv))
+        }
+        (Collective::AllToAll, Some(send)) => all_to_all(t, send, recv, count),
+        (Collective::Gather, send) => gather(t, send, recv, root, count),
+        (Collective::Scatter, send) => scatter(t, send, recv, root, count),
+        (c, None) => Err(CommError::Usage(format!("{c} has no in-place form"))),
+    }
+}
