@@ -1,6 +1,6 @@
-//! Who belongs to the job, checked with the store's own commands, so that it holds on any
-//! TCPStore server: ours (rank 0's) or torchrun's agent store. The job's keys (all under its
-//! namespace, see `client.rs`):
+//! Who belongs to the job, checked with the store's own commands through the key-value client, so
+//! that it holds on any TCPStore server: ours (rank 0's) or torchrun's agent store. Part of the
+//! session (`session.rs`). The job's keys (all under its namespace, see `client.rs`):
 //!
 //! | key | value | written by |
 //! |---|---|---|
@@ -15,7 +15,7 @@
 //! fact already there: another run's id means a rank of another job found this port; another
 //! world size, that the ranks disagree; another process's claim on `job/rank/<r>`, that two
 //! processes were given one rank. The last two write `job/abort`, which every rank's watcher
-//! waits for (`client.rs`): the whole job stops at once. A rank of another run does not: that job
+//! waits for (`watcher.rs`): the whole job stops at once. A rank of another run does not: that job
 //! is not its own.
 //!
 //! A rank that vanishes (killed, crashed) tells nobody, but its connections to the store close.
@@ -28,13 +28,27 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::client::{wire_key, Store};
-use crate::error::{CommError, Result};
+use super::client::Client;
+use super::wire::wire_key;
+use crate::error::{rank_list, CommError, Result};
+
+/// Who joins the store: which rank of how many, of which run, and under which namespace.
+#[derive(Debug, Clone, Copy)]
+pub struct Membership<'a> {
+    /// This rank, 0..world_size.
+    pub rank: usize,
+    /// Ranks in the job.
+    pub world_size: usize,
+    /// The run's id, compared with the job's (None: ranks started by hand compare nothing).
+    pub run_id: Option<&'a str>,
+    /// A prefix for every key ("" for our own store; `/worker/attempt_<n>` under torchrun).
+    pub namespace: &'a str,
+}
 
 pub const RUN_ID_KEY: &str = "job/run_id";
 pub const WORLD_SIZE_KEY: &str = "job/world_size";
 pub const ABORT_KEY: &str = "job/abort";
-/// The job's index of keys: who set which (see [`Store::set`]).
+/// The job's index of keys: who set which (see [`super::Store::set`]).
 pub const INDEX_KEY: &str = "job/keys";
 
 /// The key rank `rank` sets as it leaves knowingly: its connections closing is not news then.
@@ -53,14 +67,11 @@ pub fn rank_key(rank: usize) -> String {
 /// What our server stores before anyone connects, as (wire key, value).
 pub fn seed(world_size: usize, run_id: Option<&str>) -> Vec<(String, Vec<u8>)> {
     let mut facts = vec![(
-        super::client::wire_key("", WORLD_SIZE_KEY),
+        wire_key("", WORLD_SIZE_KEY),
         world_size.to_string().into_bytes(),
     )];
     if let Some(run_id) = run_id {
-        facts.push((
-            super::client::wire_key("", RUN_ID_KEY),
-            run_id.as_bytes().to_vec(),
-        ));
+        facts.push((wire_key("", RUN_ID_KEY), run_id.as_bytes().to_vec()));
     }
     facts
 }
@@ -69,11 +80,11 @@ pub fn seed(world_size: usize, run_id: Option<&str>) -> Vec<(String, Vec<u8>)> {
 /// job's own business (size, duplicate) tells every rank through the abort key. Two round trips:
 /// the run id first (a rank of another run must claim nothing in this job), then the other two
 /// COMPARE_SETs and a CHECK of the abort key together.
-pub(super) fn join(store: &Store, run_id: Option<&str>) -> Result<()> {
-    let (rank, world_size) = (store.rank(), store.world_size());
-    let endpoint = store.endpoint().to_string();
-    if let Some(ours) = run_id {
-        let theirs = store.compare_set(RUN_ID_KEY, b"", ours.as_bytes())?;
+pub(super) fn join(client: &Client, who: &Membership<'_>) -> Result<()> {
+    let (rank, world_size) = (who.rank, who.world_size);
+    let endpoint = client.endpoint().to_string();
+    if let Some(ours) = who.run_id {
+        let theirs = client.compare_set(RUN_ID_KEY, b"", ours.as_bytes())?;
         if theirs != ours.as_bytes() {
             return Err(CommError::ForeignRank {
                 rank,
@@ -84,21 +95,24 @@ pub(super) fn join(store: &Store, run_id: Option<&str>) -> Result<()> {
         }
     }
     let world = world_size.to_string();
-    let me = format!("{} (pid {})", store.local_addr(), std::process::id());
+    let me = format!("{} (pid {})", client.local_addr(), std::process::id());
     let claim = rank_key(rank);
     let facts: [(&str, &[u8]); 2] = [(WORLD_SIZE_KEY, world.as_bytes()), (&claim, me.as_bytes())];
-    let (now, ended) = store.compare_sets_then_check(&facts, ABORT_KEY)?;
+    let (now, ended) = client.compare_sets_then_check(&facts, ABORT_KEY, "joining")?;
     if ended {
         // A rank arriving after the job was ended hears why, whatever else it finds.
-        let why = store.get_within(ABORT_KEY, Duration::from_secs(5))?;
-        return Err(reason(rank, &why));
+        let timeout = Duration::from_secs(5);
+        if !client.wait(&[ABORT_KEY], timeout)? {
+            return Err(wait_timed_out(client, world_size, ABORT_KEY, timeout));
+        }
+        return Err(reason(rank, &client.get(ABORT_KEY)?));
     }
     let mut now = now.into_iter();
     let theirs = now.next().unwrap_or_default();
     if theirs != world.as_bytes() {
         let store_world_size = String::from_utf8_lossy(&theirs).trim().parse().unwrap_or(0);
         return Err(abort_with(
-            store,
+            client,
             CommError::WorldSizeMismatch {
                 rank,
                 endpoint,
@@ -112,7 +126,7 @@ pub(super) fn join(store: &Store, run_id: Option<&str>) -> Result<()> {
     if holder != me.as_bytes() {
         let first_from = String::from_utf8_lossy(&holder).into_owned();
         return Err(abort_with(
-            store,
+            client,
             CommError::DuplicateRank {
                 rank,
                 endpoint,
@@ -124,19 +138,53 @@ pub(super) fn join(store: &Store, run_id: Option<&str>) -> Result<()> {
 }
 
 /// Writes `error` as the job's reason to stop (if none is there yet) and returns it.
-fn abort_with(store: &Store, error: CommError) -> CommError {
-    abort(store, &error);
+fn abort_with(client: &Client, error: CommError) -> CommError {
+    abort(client, &error);
     error
 }
 
 /// Ends the job for every rank: writes this rank's error under the abort key, unless another
 /// rank's is there already. Best effort: the store may be gone, and the caller fails anyway.
-pub fn abort(store: &Store, error: &CommError) {
+pub(super) fn abort(client: &Client, error: &CommError) {
     if matches!(error, CommError::JobAborted { .. }) {
         return; // Someone else's reason is there already.
     }
-    let reason = format!("{}\n{error}", store.rank());
-    let _ = store.compare_set(ABORT_KEY, b"", reason.as_bytes());
+    let reason = format!("{}\n{error}", client.rank());
+    let _ = client.compare_set(ABORT_KEY, b"", reason.as_bytes());
+}
+
+/// The error of a wait for `what` that ran out of `timeout`: it names the ranks that never
+/// joined the job, whose absence is the likeliest cause.
+pub(super) fn wait_timed_out(
+    client: &Client,
+    world_size: usize,
+    what: &str,
+    timeout: Duration,
+) -> CommError {
+    let (detail, missing) = who_joined(client, world_size);
+    CommError::Timeout {
+        what: format!("key '{what}' on rank {}", client.rank()),
+        timeout,
+        detail: format!(" ({detail})"),
+        missing,
+    }
+}
+
+/// Who had joined the job, for a timeout's message: the text and the ranks that never did.
+fn who_joined(client: &Client, world_size: usize) -> (String, Vec<usize>) {
+    let keys: Vec<String> = (0..world_size).map(rank_key).collect();
+    match client.present(&keys) {
+        Ok((joined, missing)) => (
+            format!(
+                "ranks connected to the store: {} of {}; never connected: {}",
+                rank_list(joined),
+                world_size,
+                rank_list(missing.iter().copied())
+            ),
+            missing,
+        ),
+        Err(_) => ("the store did not say who had connected".into(), Vec::new()),
+    }
 }
 
 /// The abort key's value as the error rank `rank` stops with.

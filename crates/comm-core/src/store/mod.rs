@@ -4,24 +4,36 @@
 //!
 //! Every wait has a timeout whose error names the key and which ranks had reached the store.
 //!
-//! It speaks c10d's TCPStore protocol (`wire.rs`): our ranks join torchrun's agent store as they
-//! join rank 0's, and Python's `torch.distributed.TCPStore` reads and writes ours. On top of the
-//! protocol's commands, each rank joining checks that it belongs to the job (run id, world size,
-//! one process per rank: `membership.rs`), and a watcher per rank hears at once when another rank
-//! ends the job or the store goes away (`client.rs`). Our server bounds what any connection can
-//! make it hold (see [`StoreLimits`] and `server.rs`). That guards against accidents on a shared
-//! node, not against attackers: the store trusts its network, as PyTorch's does.
+//! It speaks c10d's TCPStore protocol: our ranks join torchrun's agent store as they join rank
+//! 0's, and Python's `torch.distributed.TCPStore` reads and writes ours. A rank's side is three
+//! layers, as mini-redis's frame, connection and commands, each using only the ones below it:
+//!
+//! - `wire.rs`: requests and answers, encoded and decoded; the only place that knows bytes.
+//! - `connection.rs`: one connection (handshake, confirmed requests, a WAIT withdrawn) and
+//!   `client.rs`: TCPStore's commands on it, under a namespace, knowing nothing of jobs.
+//! - `session.rs` ([`Store`]): the job's session on the client. Joining checks that the rank
+//!   belongs to the job (run id, world size, one process per rank: `membership.rs`), a watcher
+//!   hears at once when another rank ends the job or the store goes away (`watcher.rs`); barriers,
+//!   rank 0's value, aborting and leaving.
+//!
+//! Our server (`server.rs`) speaks through `wire` too, and bounds what any connection can make it
+//! hold (see [`StoreLimits`]). That guards against accidents on a shared node, not against
+//! attackers: the store trusts its network, as PyTorch's does.
 
 mod client;
-pub(crate) mod membership;
+mod connection;
+mod membership;
 mod scoped;
 mod server;
+mod session;
+mod watcher;
 mod wire;
 
-pub use client::{wire_key, Membership, Store};
+pub use membership::Membership;
 pub use scoped::Scoped;
 pub use server::{StoreLimits, StoreServer};
-pub use wire::MAX_VALUE_BYTES;
+pub use session::Store;
+pub use wire::{wire_key, MAX_VALUE_BYTES};
 
 #[cfg(test)]
 mod fuzz;

@@ -27,7 +27,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::membership;
-use super::wire::{self, Command, Encoder, Malformed, MAX_VALUE_BYTES};
+use super::wire::{self, Answer, Command, Malformed, MAX_VALUE_BYTES};
 use crate::error::{CommError, Result};
 
 /// Bookkeeping a stored entry costs beyond its key and value, counted against the byte bound.
@@ -495,9 +495,9 @@ impl Server {
         Ok(())
     }
 
-    fn reply(&mut self, id: u64, answer: Encoder) {
+    fn reply(&mut self, id: u64, answer: Answer) {
         if let Some(conn) = self.connections.get_mut(&id) {
-            conn.output.extend_from_slice(&answer.0);
+            answer.encode_into(&mut conn.output);
         }
     }
 
@@ -513,7 +513,7 @@ impl Server {
                     "it validated with {magic:#x}, not TCPStore's magic number"
                 )))
             }
-            Command::Ping { nonce } => self.reply(id, Encoder::default().u32(nonce)),
+            Command::Ping { nonce } => self.reply(id, Answer::Nonce(nonce)),
             Command::Set { key, value } => self.set(key, value)?,
             Command::CompareSet {
                 key,
@@ -521,20 +521,18 @@ impl Server {
                 desired,
             } => self.compare_set(id, key, &expected, desired)?,
             Command::Get { key } => {
-                let value = self.values.get(&key).map_or(&[][..], Vec::as_slice);
-                let answer = Encoder::default().bytes(value);
-                self.reply(id, answer);
+                let value = self.values.get(&key).cloned().unwrap_or_default();
+                self.reply(id, Answer::Value(value));
             }
             Command::Add { key, delta } => self.add(id, key, delta)?,
             Command::Check { keys } => {
                 let ready = keys.iter().all(|k| self.values.contains_key(k));
-                let answer = if ready { wire::READY } else { wire::NOT_READY };
-                self.reply(id, Encoder::default().u8(answer));
+                self.reply(id, Answer::Ready(ready));
             }
             Command::Wait { keys } => self.wait(id, keys),
             Command::NumKeys => {
                 let n = self.values.len() as i64;
-                self.reply(id, Encoder::default().i64(n));
+                self.reply(id, Answer::Number(n));
             }
             Command::Delete { key } => self.delete(id, &key),
             Command::Append { key, value } => {
@@ -543,11 +541,11 @@ impl Server {
                 self.set(key, whole)?;
             }
             Command::MultiGet { keys } => {
-                let mut answer = Encoder::default();
-                for key in &keys {
-                    answer = answer.bytes(self.values.get(key).map_or(&[][..], Vec::as_slice));
-                }
-                self.reply(id, answer);
+                let values = keys
+                    .iter()
+                    .map(|key| self.values.get(key).cloned().unwrap_or_default())
+                    .collect();
+                self.reply(id, Answer::Values(values));
             }
             Command::MultiSet { pairs } => {
                 for (key, value) in pairs {
@@ -556,7 +554,7 @@ impl Server {
             }
             Command::CancelWait => {
                 self.forget_wait(id);
-                self.reply(id, Encoder::default().u8(wire::WAIT_CANCELED));
+                self.reply(id, Answer::WaitCanceled);
             }
         }
         Ok(())
@@ -576,7 +574,7 @@ impl Server {
             self.store(key.clone(), desired)?;
         }
         self.wake_waiters(&key);
-        self.reply(id, Encoder::default().bytes(&answer));
+        self.reply(id, Answer::Value(answer));
         Ok(())
     }
 
@@ -592,7 +590,7 @@ impl Server {
         };
         let new = now.wrapping_add(delta);
         self.set(key, new.to_string().into_bytes())?;
-        self.reply(id, Encoder::default().i64(new));
+        self.reply(id, Answer::Number(new));
         Ok(())
     }
 
@@ -605,7 +603,7 @@ impl Server {
             }
             None => 0,
         };
-        self.reply(id, Encoder::default().i64(deleted));
+        self.reply(id, Answer::Number(deleted));
     }
 
     /// SET: stores and wakes whoever waits for the key.
@@ -648,7 +646,7 @@ impl Server {
             .filter(|k| !self.values.contains_key(k))
             .collect();
         if missing.is_empty() {
-            return self.reply(id, Encoder::default().u8(wire::STOP_WAITING));
+            return self.reply(id, Answer::StopWaiting);
         }
         for key in &missing {
             self.waiters.entry(key.clone()).or_default().push(id);
@@ -687,7 +685,7 @@ impl Server {
             conn.awaited = conn.awaited.saturating_sub(1);
             if conn.awaited == 0 {
                 conn.awaiting.clear();
-                conn.output.push(wire::STOP_WAITING);
+                Answer::StopWaiting.encode_into(&mut conn.output);
                 let _ = self.flush(id);
             }
         }

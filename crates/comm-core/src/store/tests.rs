@@ -6,7 +6,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::wire::{self, query, Command, Encoder};
+use super::wire::{self, query, Command};
 use super::{Store, StoreServer};
 use crate::error::CommError;
 
@@ -164,8 +164,10 @@ fn raw(server: &StoreServer) -> TcpStream {
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
-    let hello = Encoder::command(query::VALIDATE).u32(wire::VALIDATION_MAGIC);
-    stream.write_all(&hello.0).unwrap();
+    let hello = Command::Validate {
+        magic: wire::VALIDATION_MAGIC,
+    };
+    stream.write_all(&hello.encode()).unwrap();
     stream
 }
 
@@ -200,7 +202,7 @@ fn garbage_and_oversized_requests_close_only_that_connection() {
         .unwrap();
     assert!(closes_after(
         wrong_magic,
-        &Encoder::command(query::VALIDATE).u32(0xdead_beef).0
+        &Command::Validate { magic: 0xdead_beef }.encode()
     ));
     let unvalidated = TcpStream::connect(("127.0.0.1", server.port())).unwrap();
     unvalidated

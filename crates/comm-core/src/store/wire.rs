@@ -1,5 +1,8 @@
 //! The wire format: c10d's TCPStore protocol, as PyTorch (2.1 and later) speaks it, so that our
-//! ranks can join torchrun's store and Python's `TCPStore` can read ours.
+//! ranks can join torchrun's store and Python's `TCPStore` can read ours. The store's first layer
+//! (mini-redis's frame): requests ([`Command`]) and answers ([`Answer`]), encoded and decoded both
+//! ways; the only place that knows bytes. The client (`connection.rs`) and the server
+//! (`server.rs`) both speak through it.
 //!
 //! A request is a one-byte command then its fields, with no frame around it; integers are in the
 //! host's byte order (little-endian on every machine this runs on, as for PyTorch), strings and
@@ -23,9 +26,22 @@
 //! | CANCEL_WAIT (12) | | u8 1, after the 0 of a wait that ended meanwhile |
 //! | PING (13) | u32 nonce | the nonce |
 //!
+//! An answer has no tag: its request says its [`Shape`] ([`Command::answer`]).
+//!
 //! Decoding never trusts a length: each is checked against its bound as soon as it arrives, before
 //! anything is allocated, and bytes are copied only once all of a field is there. A length field of
 //! 2^63 costs nothing but the connection.
+
+use std::io::{ErrorKind, Read};
+
+/// The key on the wire for `key` in `namespace`: PyTorch's `PrefixStore` joins with `/`, and
+/// its `TCPStore` puts `/` in front of every key.
+pub fn wire_key(namespace: &str, key: &str) -> String {
+    match namespace {
+        "" => format!("/{key}"),
+        ns => format!("/{ns}/{key}"),
+    }
+}
 
 /// The number every connection starts with, after VALIDATE.
 pub const VALIDATION_MAGIC: u32 = 0x3C85_F7CE;
@@ -306,79 +322,194 @@ pub fn decode(buf: &[u8], max_value: usize) -> Result<Option<(Command, usize)>, 
 }
 
 /// Builds requests and answers, field by field, in the protocol's layout.
-#[derive(Default)]
-pub struct Encoder(pub Vec<u8>);
+struct Encoder<'a>(&'a mut Vec<u8>);
 
-impl Encoder {
-    pub fn command(tag: u8) -> Encoder {
-        Encoder(vec![tag])
-    }
-    pub fn u8(mut self, v: u8) -> Self {
+impl Encoder<'_> {
+    fn u8(self, v: u8) -> Self {
         self.0.push(v);
         self
     }
-    pub fn u32(mut self, v: u32) -> Self {
+    fn u32(self, v: u32) -> Self {
         self.0.extend_from_slice(&v.to_ne_bytes());
         self
     }
-    pub fn i64(mut self, v: i64) -> Self {
+    fn u64(self, v: u64) -> Self {
         self.0.extend_from_slice(&v.to_ne_bytes());
         self
     }
-    pub fn bytes(mut self, v: &[u8]) -> Self {
-        self.0.extend_from_slice(&(v.len() as u64).to_ne_bytes());
-        self.0.extend_from_slice(v);
-        self
+    fn bytes(self, v: &[u8]) -> Self {
+        let e = self.u64(v.len() as u64);
+        e.0.extend_from_slice(v);
+        e
     }
-    pub fn keys<S: AsRef<str>>(mut self, keys: &[S]) -> Self {
-        self.0.extend_from_slice(&(keys.len() as u64).to_ne_bytes());
-        for k in keys {
-            self = self.bytes(k.as_ref().as_bytes());
-        }
-        self
+    fn keys<S: AsRef<str>>(self, keys: &[S]) -> Self {
+        keys.iter().fold(self.u64(keys.len() as u64), |e, k| {
+            e.bytes(k.as_ref().as_bytes())
+        })
     }
 }
 
 impl Command {
-    /// The request's bytes, as a client sends them (the client builds its requests with
-    /// [`Encoder`] directly; tests check that both agree with the decoder).
-    #[cfg(test)]
-    pub fn encode(&self) -> Vec<u8> {
+    /// Appends the request's bytes to `out`, as a client sends them.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
         use query::*;
-        let e = match self {
-            Command::Validate { magic } => Encoder::command(VALIDATE).u32(*magic),
-            Command::Set { key, value } => Encoder::command(SET).bytes(key.as_bytes()).bytes(value),
+        let e = Encoder(out);
+        match self {
+            Command::Validate { magic } => e.u8(VALIDATE).u32(*magic),
+            Command::Set { key, value } => e.u8(SET).bytes(key.as_bytes()).bytes(value),
             Command::CompareSet {
                 key,
                 expected,
                 desired,
-            } => Encoder::command(COMPARE_SET)
+            } => e
+                .u8(COMPARE_SET)
                 .bytes(key.as_bytes())
                 .bytes(expected)
                 .bytes(desired),
-            Command::Get { key } => Encoder::command(GET).bytes(key.as_bytes()),
-            Command::Add { key, delta } => Encoder::command(ADD).bytes(key.as_bytes()).i64(*delta),
-            Command::Check { keys } => Encoder::command(CHECK).keys(keys),
-            Command::Wait { keys } => Encoder::command(WAIT).keys(keys),
-            Command::NumKeys => Encoder::command(GETNUMKEYS),
-            Command::Delete { key } => Encoder::command(DELETE_KEY).bytes(key.as_bytes()),
-            Command::Append { key, value } => {
-                Encoder::command(APPEND).bytes(key.as_bytes()).bytes(value)
-            }
-            Command::MultiGet { keys } => Encoder::command(MULTI_GET).keys(keys),
-            Command::MultiSet { pairs } => {
-                let mut e = Encoder::command(MULTI_SET);
-                e.0.extend_from_slice(&(pairs.len() as u64).to_ne_bytes());
-                for (k, v) in pairs {
-                    e = e.bytes(k.as_bytes()).bytes(v);
-                }
-                e
-            }
-            Command::CancelWait => Encoder::command(CANCEL_WAIT),
-            Command::Ping { nonce } => Encoder::command(PING).u32(*nonce),
+            Command::Get { key } => e.u8(GET).bytes(key.as_bytes()),
+            Command::Add { key, delta } => e.u8(ADD).bytes(key.as_bytes()).u64(*delta as u64),
+            Command::Check { keys } => e.u8(CHECK).keys(keys),
+            Command::Wait { keys } => e.u8(WAIT).keys(keys),
+            Command::NumKeys => e.u8(GETNUMKEYS),
+            Command::Delete { key } => e.u8(DELETE_KEY).bytes(key.as_bytes()),
+            Command::Append { key, value } => e.u8(APPEND).bytes(key.as_bytes()).bytes(value),
+            Command::MultiGet { keys } => e.u8(MULTI_GET).keys(keys),
+            Command::MultiSet { pairs } => pairs
+                .iter()
+                .fold(e.u8(MULTI_SET).u64(pairs.len() as u64), |e, (k, v)| {
+                    e.bytes(k.as_bytes()).bytes(v)
+                }),
+            Command::CancelWait => e.u8(CANCEL_WAIT),
+            Command::Ping { nonce } => e.u8(PING).u32(*nonce),
         };
-        e.0
     }
+
+    /// The request's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// The shape of the server's answer; None for the commands TCPStore does not answer.
+    pub fn answer(&self) -> Option<Shape> {
+        Some(match self {
+            Command::Validate { .. }
+            | Command::Set { .. }
+            | Command::Append { .. }
+            | Command::MultiSet { .. } => return None,
+            Command::CompareSet { .. } | Command::Get { .. } => Shape::Value,
+            Command::Add { .. } | Command::NumKeys | Command::Delete { .. } => Shape::Number,
+            Command::Check { .. } => Shape::Ready,
+            Command::Wait { .. } => Shape::Waited,
+            Command::MultiGet { keys } => Shape::Values(keys.len()),
+            Command::CancelWait => Shape::Canceled,
+            Command::Ping { .. } => Shape::Nonce,
+        })
+    }
+}
+
+/// What an answer looks like. Answers carry no tag: the request says what comes back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Shape {
+    /// One value: GET, COMPARE_SET.
+    Value,
+    /// That many values: MULTI_GET.
+    Values(usize),
+    /// An i64: ADD, GETNUMKEYS, DELETE_KEY.
+    Number,
+    /// CHECK's u8.
+    Ready,
+    /// WAIT's u8.
+    Waited,
+    /// CANCEL_WAIT's u8 (after the 0 of a wait that ended meanwhile, read as its own answer).
+    Canceled,
+    /// PING's u32.
+    Nonce,
+}
+
+/// One answer of the server.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Value(Vec<u8>),
+    Values(Vec<Vec<u8>>),
+    Number(i64),
+    /// CHECK: every key set (any byte but [`READY`] reads as not).
+    Ready(bool),
+    /// The keys of a WAIT are set.
+    StopWaiting,
+    /// A WAIT was withdrawn (CANCEL_WAIT).
+    WaitCanceled,
+    Nonce(u32),
+}
+
+impl Answer {
+    /// Appends the answer's bytes to `out`, as the server sends them.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let e = Encoder(out);
+        match self {
+            Answer::Value(v) => e.bytes(v),
+            Answer::Values(vs) => vs.iter().fold(e, |e, v| e.bytes(v)),
+            Answer::Number(n) => e.u64(*n as u64),
+            Answer::Ready(ready) => e.u8(if *ready { READY } else { NOT_READY }),
+            Answer::StopWaiting => e.u8(STOP_WAITING),
+            Answer::WaitCanceled => e.u8(WAIT_CANCELED),
+            Answer::Nonce(n) => e.u32(*n),
+        };
+    }
+
+    /// The answer's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Reads an answer of `shape` from `r`, blocking until all of it is there. A value's length is
+    /// checked before anything is allocated, and its buffer grows only as bytes arrive.
+    pub fn read(r: &mut impl Read, shape: Shape) -> std::io::Result<Answer> {
+        Ok(match shape {
+            Shape::Value => Answer::Value(read_value(r)?),
+            Shape::Values(n) => {
+                Answer::Values((0..n).map(|_| read_value(r)).collect::<Result<_, _>>()?)
+            }
+            Shape::Number => Answer::Number(i64::from_ne_bytes(exact(r)?)),
+            Shape::Ready => Answer::Ready(exact::<1>(r)?[0] == READY),
+            Shape::Nonce => Answer::Nonce(u32::from_ne_bytes(exact(r)?)),
+            Shape::Waited | Shape::Canceled => match exact::<1>(r)?[0] {
+                STOP_WAITING => Answer::StopWaiting,
+                WAIT_CANCELED => Answer::WaitCanceled,
+                _ if shape == Shape::Waited => return Err(odd("a WAIT answered oddly")),
+                _ => return Err(odd("CANCEL_WAIT answered oddly")),
+            },
+        })
+    }
+}
+
+/// An answer that is no answer to what was asked.
+pub fn odd(what: &str) -> std::io::Error {
+    std::io::Error::new(ErrorKind::InvalidData, what.to_string())
+}
+
+fn exact<const N: usize>(r: &mut impl Read) -> std::io::Result<[u8; N]> {
+    let mut buf = [0u8; N];
+    r.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+fn read_value(r: &mut impl Read) -> std::io::Result<Vec<u8>> {
+    let len = u64::from_ne_bytes(exact(r)?);
+    if len > MAX_VALUE_BYTES as u64 {
+        return Err(odd(&format!(
+            "the store sent a value of {len} bytes, over {MAX_VALUE_BYTES}"
+        )));
+    }
+    let mut value = Vec::with_capacity((len as usize).min(64 << 10));
+    r.take(len).read_to_end(&mut value)?;
+    if value.len() as u64 != len {
+        return Err(ErrorKind::UnexpectedEof.into());
+    }
+    Ok(value)
 }
 
 /// COMPARE_SET as PyTorch's server does it: an unset key takes `desired` only if `expected` is
@@ -391,5 +522,218 @@ pub fn compare_set(current: Option<&[u8]>, expected: &[u8], desired: &[u8]) -> (
         None => (expected.to_vec(), false),
         Some(now) if now == expected => (desired.to_vec(), true),
         Some(now) => (now.to_vec(), false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One request of each command, with the bytes it must be on the wire (little-endian hosts:
+    /// every one this runs on). Pinned by hand, so that an encoder and a decoder that broke
+    /// together still fail.
+    #[cfg(target_endian = "little")]
+    fn every_request() -> Vec<(Command, Vec<u8>)> {
+        let n = |v: u64| v.to_le_bytes().to_vec();
+        let cat = |parts: &[&[u8]]| parts.concat();
+        let key = |k: &str| cat(&[&n(k.len() as u64), k.as_bytes()]);
+        vec![
+            (
+                Command::Validate {
+                    magic: VALIDATION_MAGIC,
+                },
+                vec![0, 0xCE, 0xF7, 0x85, 0x3C],
+            ),
+            (
+                Command::Set {
+                    key: "/k".into(),
+                    value: b"v1".to_vec(),
+                },
+                cat(&[&[1], &key("/k"), &key("v1")]),
+            ),
+            (
+                Command::CompareSet {
+                    key: "/k".into(),
+                    expected: Vec::new(),
+                    desired: b"d".to_vec(),
+                },
+                cat(&[&[2], &key("/k"), &n(0), &key("d")]),
+            ),
+            (Command::Get { key: "/g".into() }, cat(&[&[3], &key("/g")])),
+            (
+                Command::Add {
+                    key: "/n".into(),
+                    delta: -2,
+                },
+                cat(&[&[4], &key("/n"), &(-2i64).to_le_bytes()]),
+            ),
+            (
+                Command::Check {
+                    keys: vec!["/a".into(), "/bc".into()],
+                },
+                cat(&[&[5], &n(2), &key("/a"), &key("/bc")]),
+            ),
+            (
+                Command::Wait {
+                    keys: vec!["/w".into()],
+                },
+                cat(&[&[6], &n(1), &key("/w")]),
+            ),
+            (Command::NumKeys, vec![7]),
+            (
+                Command::Delete { key: "/d".into() },
+                cat(&[&[8], &key("/d")]),
+            ),
+            (
+                Command::Append {
+                    key: "/l".into(),
+                    value: b"x\n".to_vec(),
+                },
+                cat(&[&[9], &key("/l"), &key("x\n")]),
+            ),
+            (
+                Command::MultiGet {
+                    keys: vec!["/m".into(), "/n".into()],
+                },
+                cat(&[&[10], &n(2), &key("/m"), &key("/n")]),
+            ),
+            (
+                Command::MultiSet {
+                    pairs: vec![("/m".into(), b"1".to_vec()), ("/n".into(), Vec::new())],
+                },
+                cat(&[&[11], &n(2), &key("/m"), &key("1"), &key("/n"), &n(0)]),
+            ),
+            (Command::CancelWait, vec![12]),
+            (
+                Command::Ping { nonce: 0x0102_0304 },
+                vec![13, 0x04, 0x03, 0x02, 0x01],
+            ),
+        ]
+    }
+
+    /// One answer of each shape, with its bytes.
+    #[cfg(target_endian = "little")]
+    fn every_answer() -> Vec<(Answer, Shape, Vec<u8>)> {
+        let value = |v: &[u8]| [&(v.len() as u64).to_le_bytes()[..], v].concat();
+        vec![
+            (Answer::Value(b"abc".to_vec()), Shape::Value, value(b"abc")),
+            (Answer::Value(Vec::new()), Shape::Value, value(b"")),
+            (
+                Answer::Values(vec![b"x".to_vec(), Vec::new(), b"yz".to_vec()]),
+                Shape::Values(3),
+                [value(b"x"), value(b""), value(b"yz")].concat(),
+            ),
+            (Answer::Values(Vec::new()), Shape::Values(0), Vec::new()),
+            (
+                Answer::Number(-5),
+                Shape::Number,
+                (-5i64).to_le_bytes().to_vec(),
+            ),
+            (Answer::Ready(true), Shape::Ready, vec![READY]),
+            (Answer::Ready(false), Shape::Ready, vec![NOT_READY]),
+            (Answer::StopWaiting, Shape::Waited, vec![0]),
+            (Answer::StopWaiting, Shape::Canceled, vec![0]),
+            (Answer::WaitCanceled, Shape::Canceled, vec![1]),
+            (
+                Answer::Nonce(0xA0B0_C0D0),
+                Shape::Nonce,
+                vec![0xD0, 0xC0, 0xB0, 0xA0],
+            ),
+        ]
+    }
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn every_request_encodes_to_its_bytes_and_decodes_back() {
+        let requests = every_request();
+        assert_eq!(requests.len(), 14, "one per command byte");
+        for (command, bytes) in requests {
+            assert_eq!(command.encode(), bytes, "{command:?}");
+            assert_eq!(
+                decode(&bytes, MAX_VALUE_BYTES),
+                Ok(Some((command.clone(), bytes.len()))),
+                "{command:?}"
+            );
+        }
+    }
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn every_answer_encodes_to_its_bytes_and_reads_back() {
+        for (answer, shape, bytes) in every_answer() {
+            assert_eq!(answer.encode(), bytes, "{answer:?}");
+            let mut rest = &bytes[..];
+            assert_eq!(Answer::read(&mut rest, shape).unwrap(), answer);
+            assert!(rest.is_empty(), "{answer:?} left {rest:?}");
+        }
+    }
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn each_request_says_the_shape_of_its_answer() {
+        let shapes: Vec<Option<Shape>> = every_request().iter().map(|(c, _)| c.answer()).collect();
+        use Shape::*;
+        let expected = [
+            None,
+            None,
+            Some(Value),
+            Some(Value),
+            Some(Number),
+            Some(Ready),
+            Some(Waited),
+            Some(Number),
+            Some(Number),
+            None,
+            Some(Values(2)),
+            None,
+            Some(Canceled),
+            Some(Nonce),
+        ];
+        assert_eq!(shapes, expected);
+    }
+
+    #[test]
+    fn a_pipeline_of_requests_decodes_one_by_one() {
+        let pipeline = [
+            Command::Set {
+                key: "/k".into(),
+                value: b"v".to_vec(),
+            },
+            Command::Append {
+                key: "/job/keys".into(),
+                value: b"0 k\n".to_vec(),
+            },
+            Command::Ping { nonce: 7 },
+        ];
+        let mut bytes = Vec::new();
+        pipeline.iter().for_each(|c| c.encode_into(&mut bytes));
+        let mut at = 0;
+        for command in &pipeline {
+            let (decoded, used) = decode(&bytes[at..], MAX_VALUE_BYTES).unwrap().unwrap();
+            assert_eq!(&decoded, command);
+            at += used;
+        }
+        assert_eq!(at, bytes.len());
+    }
+
+    #[test]
+    fn answers_that_are_cut_short_or_odd_or_too_long_are_errors() {
+        let cut = Answer::Value(b"abc".to_vec()).encode();
+        let err = Answer::read(&mut &cut[..cut.len() - 1], Shape::Value).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::UnexpectedEof);
+        let err = Answer::read(&mut &[7u8][..], Shape::Waited).unwrap_err();
+        assert_eq!(err.to_string(), "a WAIT answered oddly");
+        let err = Answer::read(&mut &[7u8][..], Shape::Canceled).unwrap_err();
+        assert_eq!(err.to_string(), "CANCEL_WAIT answered oddly");
+        let huge = (MAX_VALUE_BYTES as u64 + 1).to_ne_bytes();
+        let err = Answer::read(&mut &huge[..], Shape::Value).unwrap_err();
+        assert!(err.to_string().contains("over 8388608"), "{err}");
+    }
+
+    #[test]
+    fn keys_on_the_wire_are_prefixed_as_torch_does() {
+        assert_eq!(wire_key("", "job/abort"), "/job/abort");
+        // Under torchrun: the worker's PrefixStore, then TCPStore's own `/`.
+        assert_eq!(wire_key("/worker/attempt_0", "x"), "//worker/attempt_0/x");
     }
 }
