@@ -44,7 +44,7 @@ pub use signals::interrupted;
 use crate::error::{CommError, Result};
 use crate::failure_record::{unix_us, ERROR_FILE_ENV};
 use relay::{LogFiles, Tail};
-use root_cause::ErrorDir;
+use root_cause::{ErrorDir, Exit};
 
 /// How the whole launch ended.
 // One per launch, so its size does not matter; boxing `Failure` would only burden every match.
@@ -93,10 +93,6 @@ pub fn run_with(plan: &SpawnPlan, extras: &Extras) -> Result<Outcome> {
     relay::wait_for(started.relays, Duration::from_secs(2));
     outcome
 }
-
-/// How one rank ended, as its waiter thread reports it: its local rank, its status, and when
-/// (microseconds since the Unix epoch).
-type Exit = (usize, std::io::Result<ExitStatus>, u64);
 
 /// The ranks of this node, once started.
 struct Started {

@@ -9,8 +9,11 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use super::relay::Tail;
-use super::Exit;
 use crate::failure_record::{unix_us, ErrorRecord};
+
+/// How one rank ended, as its waiter thread reports it: its local rank, its status, and when
+/// (microseconds since the Unix epoch).
+pub(super) type Exit = (usize, std::io::Result<ExitStatus>, u64);
 
 /// How a rank ended, for the summary.
 #[derive(Debug, Clone)]
