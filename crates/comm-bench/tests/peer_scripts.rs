@@ -85,7 +85,7 @@ fn assert_tiny_table(stdout: &str, peer: &str) {
         .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>())
         .filter(|cells| cells.len() == 10 && COLLECTIVES.contains(&cells[1]))
         .collect();
-    assert_eq!(rows.len(), 4, "{stdout}");
+    assert_eq!(rows.len(), COLLECTIVES.len(), "{stdout}");
     let positive = |cell: &str| cell.parse::<f64>().is_ok_and(|v| v > 0.0);
     for (row, name) in rows.iter().zip(COLLECTIVES) {
         assert_eq!(&row[1..4], [name, "2", "1MB"], "{stdout}");
@@ -326,7 +326,7 @@ fn a_tiny_run_against_open_mpi_where_it_is() {
         .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>())
         .filter(|cells| cells.len() == 7 && COLLECTIVES.contains(&cells[1]))
         .collect();
-    assert_eq!(placements.len(), 4, "{}", out.stdout);
+    assert_eq!(placements.len(), COLLECTIVES.len(), "{}", out.stdout);
     for (row, name) in placements.iter().zip(COLLECTIVES) {
         assert_eq!(&row[1..4], [name, "2", "1MB"], "{}", out.stdout);
         for ratio in &row[4..6] {

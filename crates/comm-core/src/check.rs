@@ -388,11 +388,45 @@ mod tests {
 
     #[test]
     fn the_cases_come_from_the_table() {
-        // 3 reducing collectives x 5 ops x 2 placements, broadcast, all_gather, gather and
-        // scatter x 2, sendrecv and alltoall out of place only.
-        assert_eq!(cases(2, 1, 0).len(), 3 * 5 * 2 + 4 * 2 + 2);
-        // On one rank sendrecv has no peer.
-        assert_eq!(cases(1, 1, 0).len(), 3 * 5 * 2 + 4 * 2 + 1);
+        // Counted from the descriptions, not by hand, so a new collective needs no edit here:
+        // each that runs on this many ranks, at each reduction where it reduces, in each
+        // placement it has, once and in the table's order.
+        let triples = |n| -> Vec<(Collective, ReduceOp, bool)> {
+            let cases = cases(n, 1, 0).into_iter();
+            cases.map(|c| (c.collective, c.op, c.in_place)).collect()
+        };
+        for n in 1..=4 {
+            let mut want = Vec::new();
+            for c in Collective::ALL {
+                let d = c.describe();
+                let ops: &[ReduceOp] = if d.reduces {
+                    &ReduceOp::ALL
+                } else {
+                    &[ReduceOp::Sum]
+                };
+                let placements: &[bool] = if d.in_place { &[true, false] } else { &[false] };
+                for &op in ops.iter().filter(|_| n >= d.min_ranks) {
+                    want.extend(placements.iter().map(|&p| (c, op, p)));
+                }
+            }
+            assert_eq!(triples(n), want, "{n} ranks");
+            let count: usize = (Collective::ALL.iter().map(|c| c.describe()))
+                .filter(|d| n >= d.min_ranks)
+                .map(
+                    |d| if d.reduces { ReduceOp::ALL.len() } else { 1 } * (1 + d.in_place as usize),
+                )
+                .sum();
+            assert_eq!(cases(n, 1, 0).len(), count, "{n} ranks");
+        }
+        // Every collective is checked on two ranks; on one, sendrecv alone drops out (no peer).
+        let (one, two) = (triples(1), triples(2));
+        for c in Collective::ALL {
+            assert!(two.iter().any(|t| t.0 == c), "{c} on 2 ranks");
+        }
+        assert!(two
+            .iter()
+            .all(|t| one.contains(t) || t.0 == Collective::SendRecv));
+        assert!(!one.iter().any(|t| t.0 == Collective::SendRecv));
         let names = names(2, DType::F32);
         assert!(names.contains(&"alltoall float out-of-place".to_string()));
         assert!(names.contains(&"reduce_scatter prod float in-place".to_string()));
