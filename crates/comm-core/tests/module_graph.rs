@@ -226,7 +226,12 @@ fn use_paths(tree: &str) -> Vec<(Vec<String>, String)> {
         if full.is_empty() || tree.is_empty() {
             return;
         }
-        let name = alias.unwrap_or(full.last().unwrap()).to_string();
+        // `a::{self}` brings in `a`.
+        let last = match full.len() {
+            n if n > 1 && full[n - 1] == "self" => &full[n - 2],
+            n => &full[n - 1],
+        };
+        let name = alias.unwrap_or(last).to_string();
         out.push((full, name));
     }
     let mut out = Vec::new();
@@ -263,9 +268,9 @@ fn uses(code: &str) -> Vec<(String, bool)> {
     out
 }
 
-/// Every path in `code` outside `use` items that starts at `crate`, `super`, `self` or one of
-/// `children`: `crate::a::b::c` → `[crate, a, b, c]`.
-fn code_paths(code: &str, children: &BTreeSet<String>) -> Vec<Vec<String>> {
+/// Every path in `code` outside `use` items that starts at `crate`, `super`, `self` or a
+/// module in `scope`: `crate::a::b::c` → `[crate, a, b, c]`.
+fn code_paths(code: &str, scope: &BTreeMap<String, Vec<String>>) -> Vec<Vec<String>> {
     let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
     let mut out = Vec::new();
     let chars: Vec<(usize, char)> = code.char_indices().collect();
@@ -293,7 +298,7 @@ fn code_paths(code: &str, children: &BTreeSet<String>) -> Vec<Vec<String>> {
         let path = segments(&code[at..end]);
         let first = path[0].as_str();
         if path.len() > 1
-            && (["crate", "super", "self"].contains(&first) || children.contains(first))
+            && (["crate", "super", "self"].contains(&first) || scope.contains_key(first))
         {
             out.push(path);
         }
@@ -308,44 +313,61 @@ type Graph = BTreeMap<ModPath, BTreeMap<ModPath, String>>;
 /// One crate's graph, from its files.
 fn graph_of(files: &[(PathBuf, String)]) -> Graph {
     let modules = modules(files);
-    let children = |m: &ModPath| -> BTreeSet<String> {
-        modules
-            .keys()
-            .filter(|k| k.len() == m.len() + 1 && k.starts_with(m))
-            .map(|k| k.last().unwrap().clone())
-            .collect()
-    };
-    // Re-exports: module → name → the path it stands for (absolute, `crate` first).
+    // Module → the names of modules in scope there (its children, and modules it imports with
+    // `use`) → their absolute paths.
+    let mut scopes: BTreeMap<ModPath, BTreeMap<String, Vec<String>>> = BTreeMap::new();
+    for m in modules.keys() {
+        let mut abs = vec!["crate".to_string()];
+        abs.extend(m.iter().cloned());
+        if let Some((child, parent)) = m.split_last() {
+            scopes
+                .entry(parent.to_vec())
+                .or_default()
+                .insert(child.clone(), abs);
+        }
+    }
+    // Every `use` path, absolute (`crate` first), with its name; the re-exports among them:
+    // module → name → the path it stands for.
+    let mut used: BTreeMap<ModPath, Vec<(Vec<String>, String, bool)>> = BTreeMap::new();
     let mut reexports: BTreeMap<ModPath, BTreeMap<String, Vec<String>>> = BTreeMap::new();
-    let mut use_lists: BTreeMap<ModPath, Vec<Vec<String>>> = BTreeMap::new();
     for (m, code) in &modules {
-        let kids = children(m);
+        let scope = scopes.get(m).cloned().unwrap_or_default();
         for (tree, public) in uses(code) {
             for (path, name) in use_paths(&tree) {
-                let Some(abs) = absolute(m, &path, &kids) else {
+                let glob = path.last().is_some_and(|s| s == "*");
+                let Some(abs) = absolute(m, &path, &scope) else {
                     continue;
                 };
                 if public {
-                    reexports
-                        .entry(m.clone())
-                        .or_default()
-                        .insert(name, abs.clone());
+                    let names = reexports.entry(m.clone()).or_default();
+                    names.insert(name.clone(), abs.clone());
                 }
-                use_lists.entry(m.clone()).or_default().push(abs);
+                used.entry(m.clone()).or_default().push((abs, name, glob));
             }
         }
     }
     let mut graph = BTreeMap::new();
     for (m, code) in &modules {
-        let kids = children(m);
-        let mut paths = use_lists.remove(m).unwrap_or_default();
+        let mut scope = scopes.get(m).cloned().unwrap_or_default();
+        let mut paths = Vec::new();
+        for (abs, name, glob) in used.remove(m).unwrap_or_default() {
+            let module = resolve(&modules, &reexports, &abs, 0);
+            let names_module = abs[1..].iter().filter(|s| *s != "self").eq(module.iter());
+            // `use super::library;` is no use yet: `library::find()` in the code is, of wherever
+            // `find` lives.
+            if names_module && !glob && !reexports.get(m).is_some_and(|r| r.contains_key(&name)) {
+                scope.insert(name, abs);
+            } else {
+                paths.push(abs);
+            }
+        }
         let without_uses = uses(code)
             .iter()
             .fold(code.clone(), |c, (tree, _)| c.replace(tree, ""));
         paths.extend(
-            code_paths(&without_uses, &kids)
+            code_paths(&without_uses, &scope)
                 .iter()
-                .filter_map(|p| absolute(m, p, &kids)),
+                .filter_map(|p| absolute(m, p, &scope)),
         );
         let mut targets = BTreeMap::new();
         for path in paths {
@@ -360,27 +382,34 @@ fn graph_of(files: &[(PathBuf, String)]) -> Graph {
 }
 
 /// `path` as written in module `m`, made absolute (`crate` first); `None` for another crate's
-/// or a local item's path.
-fn absolute(m: &ModPath, path: &[String], children: &BTreeSet<String>) -> Option<Vec<String>> {
-    let mut base = m.clone();
+/// or a local item's path. `scope`: the modules `m` can name directly.
+fn absolute(
+    m: &ModPath,
+    path: &[String],
+    scope: &BTreeMap<String, Vec<String>>,
+) -> Option<Vec<String>> {
+    let mut abs = vec!["crate".to_string()];
     let mut rest = path;
     match path[0].as_str() {
-        "crate" => {
-            base.clear();
+        "crate" => rest = &path[1..],
+        "self" => {
+            abs.extend(m.iter().cloned());
             rest = &path[1..];
         }
-        "self" => rest = &path[1..],
         "super" => {
+            let mut base = m.clone();
             while rest.first().map(String::as_str) == Some("super") {
                 base.pop();
                 rest = &rest[1..];
             }
+            abs.extend(base);
         }
-        first if children.contains(first) => {}
+        first if scope.contains_key(first) => {
+            abs = scope[first].clone();
+            rest = &path[1..];
+        }
         _ => return None,
     }
-    let mut abs = vec!["crate".to_string()];
-    abs.extend(base);
     abs.extend(rest.iter().filter(|s| *s != "*").cloned());
     Some(abs)
 }
@@ -548,14 +577,14 @@ fn circles_are_found_through_super_use_lists_and_reexports() {
             "store/mod.rs",
             "mod client;\nmod membership;\npub use client::Store;\n",
         ),
-        // client ↔ membership: one through `super::`, one through a `use` list.
+        // client ↔ membership: one through a module brought in by `use`, one through a list.
         file(
             "store/client.rs",
-            "pub struct Store;\nfn join() { super::membership::join() }\n",
+            "use super::membership;\npub struct Store;\nfn join() { membership::join() }\n",
         ),
         file(
             "store/membership.rs",
-            "use crate::{store::{client::Store as S}, user};\n// crate::user::x in a comment\n",
+            "use crate::{store::{client::Store as S}, user};\nfn f(_: user::User) {}\n// crate::x\n",
         ),
         // A re-export is followed to where the name lives: no circle with the facade.
         file(
