@@ -119,6 +119,8 @@ impl Conn {
     /// Sends requests TCPStore does not answer, then a PING, so that they are known done (or
     /// refused: the server closes the connection) when this returns.
     pub(super) fn confirmed(&mut self, mut requests: Vec<Command>) -> std::io::Result<()> {
+        // An answered request here would leave its answer in front of the PING's.
+        debug_assert!(requests.iter().all(|r| r.answer().is_none()));
         let nonce = std::process::id();
         requests.push(Command::Ping { nonce });
         self.send(&requests)?;

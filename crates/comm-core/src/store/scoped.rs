@@ -5,7 +5,7 @@
 
 use std::fmt::Display;
 
-use super::Store;
+use super::session::Store;
 use crate::error::Result;
 
 /// The store, seen under one prefix (see the module's documentation).

@@ -384,7 +384,8 @@ impl Command {
         };
     }
 
-    /// The request's bytes.
+    /// The request's bytes (tests; clients and the server append to a buffer).
+    #[cfg(test)]
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         self.encode_into(&mut out);
@@ -458,7 +459,8 @@ impl Answer {
         };
     }
 
-    /// The answer's bytes.
+    /// The answer's bytes (tests; clients and the server append to a buffer).
+    #[cfg(test)]
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         self.encode_into(&mut out);
