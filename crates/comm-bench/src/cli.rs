@@ -101,8 +101,9 @@ pub enum Command {
     /// to a real sweep, `--csv` and `--plot` put it beside measurements.
     Predict(crate::predict::PredictArgs),
     /// Fits Hockney's latency-bandwidth model (t = steps x alpha + bytes / B, B from cache below a
-    /// knee and from memory above it) to result files, through each algorithm's steps: alpha, B,
-    /// the half-peak size, each size's error and regime, and what the fit shows in words.
+    /// knee and from memory above it) to result files, through each algorithm's steps: per series
+    /// alpha, B, the half-peak size, the error and what the fit shows in words; --table adds each
+    /// size's error and regime.
     Model(ModelArgs),
 }
 
@@ -111,6 +112,11 @@ pub struct ModelArgs {
     /// CSV or JSON files written by comm-bench --csv/--json.
     #[arg(required = true, value_name = "FILES")]
     pub files: Vec<PathBuf>,
+
+    /// Print each size's measured and modelled time, error, algorithm and regime under its
+    /// series' summary.
+    #[arg(long)]
+    pub table: bool,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -9,11 +9,12 @@
 //! - [`driver`]: the parent that starts ranks per world size, and the ranks themselves
 //! - [`table`], [`record`]: nccl-tests' table; rows for CSV/JSON
 //! - [`report`]: plots (plotters, PNG and SVG), markdown and observations
+//! - [`model`]: the models: the α–β fit (`comm-bench model`, the report's dashed curves) and
+//!   NCCL's cost model
 //! - [`predict`]: NCCL's cost model for a described cluster (`comm-bench predict`)
 //! - [`course`]: the course's own outputs of `--preset profiler` and `--preset allreduce-sweep`
 //! - [`error`]: what can go wrong, one variant per cause
 
-pub mod alpha_beta;
 pub mod budget;
 pub mod cli;
 pub mod course;
@@ -21,6 +22,7 @@ pub mod driver;
 pub mod error;
 pub mod grids;
 pub mod measure;
+pub mod model;
 pub mod plan;
 pub mod predict;
 pub mod record;

@@ -51,16 +51,18 @@ fn main() -> ExitCode {
                 1
             }
         },
-        Some(Command::Model(args)) => match comm_bench::alpha_beta::run(&args.files) {
-            Ok(text) => {
-                print!("{text}");
-                0
+        Some(Command::Model(args)) => {
+            match comm_bench::model::command::run(&args.files, args.table) {
+                Ok(text) => {
+                    print!("{text}");
+                    0
+                }
+                Err(e) => {
+                    eprintln!("comm-bench model: error: {e}");
+                    1
+                }
             }
-            Err(e) => {
-                eprintln!("comm-bench model: error: {e}");
-                1
-            }
-        },
+        }
         Some(Command::Predict(args)) => match comm_bench::predict::run(args) {
             Ok(()) => 0,
             Err(e) => {

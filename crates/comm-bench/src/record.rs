@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::Path;
 
-use comm_core::timing::{algbw, busbw, Average, Clock};
+use comm_core::timing::{algbw, busbw, median_index, Average, Clock};
 use comm_core::Collective;
 use serde::{Deserialize, Serialize};
 
@@ -200,6 +200,13 @@ pub fn write_json(path: &Path, rows: &[Row]) -> Result<(), BenchError> {
         source,
     })?;
     writeln!(w).and_then(|_| w.flush()).map_err(io)
+}
+
+/// The row of the median time among measurements of one size: the upper middle of an even count
+/// (comm-core's `median_index`, the workspace's one convention), for the report and the model.
+pub fn median_row(mut rows: Vec<Row>) -> Row {
+    rows.sort_by(|a, b| a.time_us.total_cmp(&b.time_us));
+    rows.swap_remove(median_index(rows.len()))
 }
 
 /// Reads rows written by [`write_csv`] or [`write_json`] (told apart by the first character).

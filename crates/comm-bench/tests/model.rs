@@ -80,6 +80,23 @@ fn the_kept_sweep_is_fitted_close_to_its_measurements() {
         let median = percent_after(line, "median");
         assert!(median <= 20.0, "median error {median}%: {line}\n{stdout}");
     }
+    // By default a summary per series; --table adds a header and a row per size under each.
+    let (out, table, stderr) = run(&["model", "--table", data.to_str().unwrap()]);
+    assert!(out.status.success(), "{stderr}");
+    let sizes = std::fs::read_to_string(&data).unwrap().lines().count() - 1;
+    assert!(!stdout.contains("measured (us)"), "{stdout}");
+    assert_eq!(table.matches("measured (us)").count(), 8, "{table}");
+    assert_eq!(
+        table.lines().count(),
+        stdout.lines().count() - 1 + 8 + sizes,
+        "the table's lines are the summary's (less the line naming --table) and a row per size:\n{table}"
+    );
+    for line in stdout.lines().filter(|l| !l.contains("--table")) {
+        assert!(
+            table.lines().any(|l| l == line),
+            "{line} in --table's output"
+        );
+    }
     for line in stdout
         .lines()
         .filter(|l| l.trim_start().starts_with("α = "))
@@ -184,6 +201,38 @@ fn files_it_cannot_fit_are_refused_with_a_message() {
     assert!(stderr.contains("no series to fit"), "{stderr}");
 }
 
+/// A series of a collective the model has no steps for is named as skipped, beside those fitted.
+#[test]
+fn a_series_the_model_has_no_steps_for_is_named_as_skipped() {
+    let data = root().join("docs/src/data/cpu-sweep.csv");
+    let mut rows = comm_bench::record::read(&data).unwrap();
+    let renamed: Vec<_> = rows
+        .iter()
+        .filter(|r| r.collective != "all_reduce")
+        .map(|r| comm_bench::record::Row {
+            collective: "alltoall".into(),
+            ..r.clone()
+        })
+        .collect();
+    rows.extend(renamed);
+    let csv = scratch("model-skipped").join("with-alltoall.csv");
+    comm_bench::record::write_csv(&csv, &rows).unwrap();
+    let (out, stdout, stderr) = run(&["model", csv.to_str().unwrap()]);
+    assert!(out.status.success(), "{stderr}");
+    let skipped: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(", alltoall, "))
+        .collect();
+    assert_eq!(skipped.len(), 4, "2 rank counts x 2 placements:\n{stdout}");
+    for line in skipped {
+        assert!(
+            line.ends_with(": skipped, not modelled: the model has no step structure for alltoall"),
+            "{line}"
+        );
+    }
+    assert_eq!(series(&stdout).len(), 8 + 4, "{stdout}");
+}
+
 /// The repository's root (this crate is crates/comm-bench).
 fn root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -271,9 +320,9 @@ fn the_curve_chapter_runs_as_written_and_redraws_its_pictures() {
         assert!(out.status.success(), "{stderr}");
         stdout
     };
-    let model = "target/release/comm-bench model docs/src/data/cpu-sweep.csv";
+    let model = "target/release/comm-bench model --table docs/src/data/cpu-sweep.csv";
     let data = root().join("docs/src/data/cpu-sweep.csv");
-    let fitted = printed(&["model", data.to_str().unwrap()]);
+    let fitted = printed(&["model", "--table", data.to_str().unwrap()]);
     let predict = "target/release/comm-bench predict --system leonardo --nodes 2 -b 8 -e 8G -f 8";
     let predicted = printed(&[
         "predict", "--system", "leonardo", "--nodes", "2", "-b", "8", "-e", "8G", "-f", "8",

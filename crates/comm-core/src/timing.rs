@@ -134,11 +134,9 @@ impl Timing {
         s
     }
 
-    /// The middle iteration time: the upper middle for an even count (`sorted[n / 2]`), as
-    /// nccl-tests' per-iteration p50. 0 when there are none.
+    /// The middle iteration time ([`median`]). 0 when there are none.
     pub fn median(&self) -> f64 {
-        let s = self.sorted();
-        s.get(s.len() / 2).copied().unwrap_or(0.0)
+        median(self.iterations.iter().copied())
     }
 
     /// The fastest iteration.
@@ -150,6 +148,24 @@ impl Timing {
     pub fn max(&self) -> f64 {
         self.sorted().last().copied().unwrap_or(0.0)
     }
+}
+
+/// Where the median sits among `len` values sorted ascending: the upper middle of an even count
+/// (`sorted[len / 2]`), as nccl-tests' per-iteration p50. The workspace's one median convention:
+/// a Timing's iterations, comm-bench's rows of one size and its fits all use it, so the same
+/// values give the same median whichever file takes it.
+pub fn median_index(len: usize) -> usize {
+    len / 2
+}
+
+/// The median of `values` at [`median_index`]; 0 when there are none.
+pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
+    let mut sorted: Vec<f64> = values.into_iter().collect();
+    sorted.sort_by(f64::total_cmp);
+    sorted
+        .get(median_index(sorted.len()))
+        .copied()
+        .unwrap_or(0.0)
 }
 
 /// How a timed loop waits for its collectives: nccl-tests' `-z` (0, 1 and 3; its 2, each call

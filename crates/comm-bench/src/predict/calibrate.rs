@@ -6,9 +6,9 @@ use std::path::Path;
 
 use comm_core::Collective;
 
-use super::model::{self, Term};
 use super::system::{Calibration, System};
 use crate::error::BenchError;
+use crate::model::nccl::{self, Term};
 use crate::record::{self, Row};
 
 /// One measured point and what the fitted model says of it.
@@ -42,7 +42,7 @@ pub fn calibrate(system: &System, path: &Path) -> Result<Fit, BenchError> {
         usable
             .iter()
             .map(|(row, terms)| {
-                let t = model::fastest(terms, bw, lat).map_or(f64::INFINITY, |c| c.time_us);
+                let t = nccl::fastest(terms, bw, lat).map_or(f64::INFINITY, |c| c.time_us);
                 (t / row.time_us).ln().powi(2)
             })
             .sum()
@@ -57,8 +57,7 @@ pub fn calibrate(system: &System, path: &Path) -> Result<Fit, BenchError> {
             nodes: row.nodes.max(1),
             bytes: row.bytes,
             measured_us: row.time_us,
-            predicted_us: model::fastest(terms, bw_scale, lat_scale)
-                .map_or(f64::NAN, |c| c.time_us),
+            predicted_us: nccl::fastest(terms, bw_scale, lat_scale).map_or(f64::NAN, |c| c.time_us),
         })
         .collect();
     Ok(Fit {
@@ -81,12 +80,12 @@ fn usable<'a>(system: &System, rows: &'a [Row]) -> Vec<(&'a Row, Vec<Term>)> {
         .filter(|r| r.time_us.is_finite() && r.time_us > 0.0 && r.world_size >= 2)
         .filter(|r| r.world_size % r.nodes.max(1) == 0)
         .filter_map(|r| {
-            let coll = r.collective().filter(|&c| model::supported(c))?;
+            let coll = r.collective().filter(|&c| nccl::supported(c))?;
             let nodes = r.nodes.max(1);
             let mut s = system.clone();
             s.gpus_per_node = r.world_size / nodes;
             s.calibration = Calibration::default();
-            Some((r, model::terms(&s.topo(nodes), coll, r.bytes)))
+            Some((r, nccl::terms(&s.topo(nodes), coll, r.bytes)))
         })
         .collect()
 }

@@ -3,22 +3,23 @@
 //! protocol NCCL would choose, written as comm-bench's CSV so `comm-bench report` plots it beside
 //! measurements, and fitted to a real sweep with `--calibrate`.
 //!
-//! - [`model`]: the port of tuning.cc (latencies, bandwidths, the choice)
+//! - `crate::model::nccl`: the port of tuning.cc (latencies, bandwidths, the choice), beside the
+//!   α–β fit among comm-bench's models
 //! - [`system`]: the cluster's description (TOML) and the stand-in for NCCL's topology search
 //! - [`calibrate`]: the least-squares fit of the two scales to a measured CSV
 
 pub mod calibrate;
-pub mod model;
 pub mod system;
 
 use std::path::PathBuf;
 
 use clap::Args;
+use comm_core::collective::Span;
 use comm_core::Collective;
 
-use self::model::{Choice, NCCL_TAG};
 use self::system::System;
 use crate::error::BenchError;
+use crate::model::nccl::{self, Choice, NCCL_TAG};
 use crate::record::{self, Row};
 use crate::units::{parse_bytes, sweep, Step};
 
@@ -56,9 +57,7 @@ pub struct PredictArgs {
     #[arg(long, value_name = "GBITS")]
     pub nic_gbps: Option<f64>,
 
-    /// Collectives, comma-separated: all_reduce, all_gather, reduce_scatter, broadcast, reduce,
-    /// or "all" [default: all_reduce].
-    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    #[arg(long, value_delimiter = ',', value_name = "LIST", help = collectives_help())]
     pub collectives: Option<Vec<String>>,
 
     /// Smallest size (nccl-tests' suffixes: K, M, G x1024).
@@ -94,6 +93,15 @@ pub struct PredictArgs {
     /// Multiply every latency of the model by this [default: the system's, 1].
     #[arg(long, value_name = "X")]
     pub lat_scale: Option<f64>,
+}
+
+/// `--collectives`' help: the collectives NCCL's model covers, as its table names them.
+fn collectives_help() -> String {
+    let names: Vec<&str> = nccl::MODELLED.iter().map(|c| c.name()).collect();
+    format!(
+        "Collectives, comma-separated: {}, or \"all\" [default: all_reduce]",
+        names.join(", ")
+    )
 }
 
 /// One predicted line of the table.
@@ -185,14 +193,14 @@ fn collectives(args: &PredictArgs) -> Result<Vec<Collective>, BenchError> {
     if names.iter().any(|n| n == "all") {
         return Ok(Collective::ALL
             .into_iter()
-            .filter(|&c| model::supported(c))
+            .filter(|&c| nccl::supported(c))
             .collect());
     }
     names
         .iter()
         .map(|n| {
             let c: Collective = n.parse().map_err(BenchError::UnknownName)?;
-            if model::supported(c) {
+            if nccl::supported(c) {
                 Ok(c)
             } else {
                 Err(BenchError::PredictUnsupported(c.name().into()))
@@ -201,13 +209,13 @@ fn collectives(args: &PredictArgs) -> Result<Vec<Collective>, BenchError> {
         .collect()
 }
 
-/// nccl-tests' element count and size for a requested size: floats; all_gather and
-/// reduce_scatter count per rank, the size being the whole buffer (so rounded to n × 4 bytes).
+/// nccl-tests' element count and size for a requested size: floats; a collective with a buffer
+/// of the world's blocks (the table's spans: all_gather, reduce_scatter) counts per rank, the size
+/// being the whole buffer (so rounded to n × 4 bytes).
 fn shape(coll: Collective, bytes: u64, ranks: usize) -> (u64, u64) {
-    let per = match coll {
-        Collective::AllGather | Collective::ReduceScatter => 4 * ranks as u64,
-        _ => 4,
-    };
+    let d = coll.describe();
+    let blocked = [d.send, d.recv].contains(&Span::WorldBlocks);
+    let per = if blocked { 4 * ranks as u64 } else { 4 };
     // The count column is the call's, as comm-bench's and nccl-tests' tables print it.
     let count = bytes / per;
     (count, count * per)
@@ -230,7 +238,7 @@ fn predict(
             continue;
         }
         seen.push(bytes);
-        let choice = model::choose(&topo, coll, bytes);
+        let choice = nccl::choose(&topo, coll, bytes);
         // One GPU: NCCL's model stops (tuning.cc:137); a copy through memory stands in.
         let time_us = choice.map_or(2.0 * bytes as f64 / (system.gpu_memory_gbs * 1000.0), |c| {
             c.time_us
@@ -243,7 +251,7 @@ fn predict(
 
 fn row(
     system: &System,
-    topo: &model::Topo,
+    topo: &nccl::Topo,
     coll: Collective,
     count: u64,
     bytes: u64,
@@ -251,11 +259,8 @@ fn row(
     calibrated: bool,
 ) -> Row {
     let seconds = time_us * 1e-6;
-    let reduces = matches!(
-        coll,
-        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
-    );
-    let rooted = matches!(coll, Collective::Broadcast | Collective::Reduce);
+    let d = coll.describe();
+    let (reduces, rooted) = (d.reduces, d.rooted);
     Row {
         backend: backend_name(calibrated),
         collective: coll.name().into(),
@@ -375,7 +380,7 @@ fn table(coll: Collective, lines: &[Line]) -> String {
 
 fn footer(system: &System) -> String {
     let mut out = format!("# Model: NCCL {NCCL_TAG}, github.com/NVIDIA/nccl\n");
-    for c in model::CITATIONS {
+    for c in nccl::CITATIONS {
         out += &format!("#   {c}\n");
     }
     if !system.sources.is_empty() {
@@ -442,5 +447,44 @@ mod tests {
         assert_eq!(shape(Collective::AllGather, 1 << 20, 8), (1 << 15, 1 << 20));
         assert_eq!(shape(Collective::ReduceScatter, 1000, 8), (31, 992));
         assert_eq!(shape(Collective::AllGather, 16, 8), (0, 0));
+    }
+
+    /// Every collective of the table is predicted or refused by name, and the help lists exactly
+    /// those predicted.
+    #[test]
+    fn every_collective_is_predicted_or_refused() {
+        let help = collectives_help();
+        for c in Collective::ALL {
+            let args = <crate::cli::Cli as clap::Parser>::parse_from([
+                "comm-bench",
+                "predict",
+                "--collectives",
+                c.name(),
+            ]);
+            let Some(crate::cli::Command::Predict(args)) = args.command else {
+                panic!("predict's arguments")
+            };
+            match collectives(&args) {
+                Ok(list) => assert!(list == [c] && nccl::supported(c)),
+                Err(e) => assert!(
+                    !nccl::supported(c) && e.to_string().contains(c.name()),
+                    "{e}"
+                ),
+            }
+            let listed = help.contains(&format!(" {},", c.name()));
+            assert_eq!(listed, nccl::supported(c), "{help}");
+        }
+    }
+
+    /// A rooted collective's rows carry root 0, a reducing one's the sum: the table's facts.
+    #[test]
+    fn the_rows_take_root_and_reduction_from_the_table() {
+        let system = System::load("leonardo").unwrap();
+        for c in nccl::MODELLED {
+            let line = &predict(&system, 1, c, &[1 << 20], false)[0];
+            let d = c.describe();
+            assert_eq!(line.row.root, if d.rooted { 0 } else { -1 }, "{}", c.name());
+            assert_eq!(line.row.redop == "sum", d.reduces, "{}", c.name());
+        }
     }
 }

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::model::{Hw, Topo};
 use crate::error::BenchError;
+use crate::model::nccl::{Hw, Topo};
 
 /// The built-in description of Leonardo's Booster, with its sources.
 pub const LEONARDO: &str = include_str!("../../systems/leonardo.toml");
