@@ -30,7 +30,8 @@ struct Args {
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    comm_core::run_at(&args.launch, &args.master, |comm| {
+    let settings = args.launch.settings(&args.master, &[]);
+    let code = comm_core::run(&settings, |comm| {
         // `comm` is ready: the rendezvous is done and every rank is connected.
         println!(
             "Hello from rank {} of {} (local rank {}) on {} with the {} backend",
@@ -41,6 +42,7 @@ fn main() -> std::process::ExitCode {
             comm.backend()
         );
         Ok(())
-    })
+    });
+    comm_core::launch::exit_code(code)
 }
 // ANCHOR_END: main

@@ -8,7 +8,7 @@
 //! (NVLink, PCIe or InfiniBand); the CPU backend sends it along a tree or a pipelined chain.
 
 use clap::Parser;
-use comm_core::{LaunchArgs, MasterArgs};
+use comm_core::{Collective, LaunchArgs, MasterArgs};
 
 #[derive(Parser)]
 #[command(about = "Broadcast rank 0's buffer to every rank and show the grids")]
@@ -26,7 +26,8 @@ struct Args {
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    comm_core::run_at(&args.launch, &args.master, |comm| {
+    let settings = args.launch.settings(&args.master, &[Collective::Broadcast]);
+    let code = comm_core::run(&settings, |comm| {
         println!("Rank {} using device: {}", comm.rank(), comm.device());
 
         // The root holds the data; everyone else starts empty.
@@ -38,6 +39,7 @@ fn main() -> std::process::ExitCode {
         comm.broadcast(&mut buf, 0)?;
         comm.print_grid("After broadcast:", &buf)?;
         Ok(())
-    })
+    });
+    comm_core::launch::exit_code(code)
 }
 // ANCHOR_END: main

@@ -9,7 +9,7 @@
 //! all-gather (every block travels once around the ring); NCCL does the same on the GPUs.
 
 use clap::Parser;
-use comm_core::{LaunchArgs, MasterArgs, ReduceOp};
+use comm_core::{Collective, LaunchArgs, MasterArgs, ReduceOp};
 
 #[derive(Parser)]
 #[command(about = "Sum every rank's buffer with all_reduce and show the grids")]
@@ -27,7 +27,8 @@ struct Args {
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    comm_core::run_at(&args.launch, &args.master, |comm| {
+    let settings = args.launch.settings(&args.master, &[Collective::AllReduce]);
+    let code = comm_core::run(&settings, |comm| {
         println!("Rank {} using device: {}", comm.rank(), comm.device());
 
         let mut buf = comm.filled(1.0f32, args.len)?;
@@ -37,6 +38,7 @@ fn main() -> std::process::ExitCode {
         comm.all_reduce(&mut buf, ReduceOp::Sum)?;
         comm.print_grid("After reduce:", &buf)?;
         Ok(())
-    })
+    });
+    comm_core::launch::exit_code(code)
 }
 // ANCHOR_END: main

@@ -119,11 +119,12 @@ fn main() -> std::process::ExitCode {
         }
         _ => None,
     };
+    let settings = args.launch.settings(&args.master, &[Collective::AllReduce]);
     // ANCHOR: job
     // One job, two communicators over the same ranks and store (built in the same order on every
     // rank): the CPU one unless --backend nccl, then NCCL unless --backend cpu.
-    let code = comm_core::launch::run_job_at(&args.launch, &args.master, by_hand, |job| {
-        let choice = args.launch.backend;
+    let code = comm_core::launch::run_job(&settings, by_hand, |job| {
+        let choice = settings.backend;
         let cpu = match choice {
             BackendChoice::Nccl => None,
             _ => Some(announced(job.communicator(BackendChoice::Cpu)?)),
@@ -166,5 +167,5 @@ fn main() -> std::process::ExitCode {
         Ok(())
     });
     // ANCHOR_END: job
-    std::process::ExitCode::from(code.clamp(0, 255) as u8)
+    comm_core::launch::exit_code(code)
 }

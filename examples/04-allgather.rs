@@ -9,7 +9,7 @@
 //! steps every block goes once around it (`--steps` shows each); NCCL does the same on the GPUs.
 
 use clap::Parser;
-use comm_core::{LaunchArgs, MasterArgs};
+use comm_core::{Collective, LaunchArgs, MasterArgs};
 
 #[derive(Parser)]
 #[command(about = "Gather every rank's block on every rank with all_gather and show the grids")]
@@ -27,7 +27,8 @@ struct Args {
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    comm_core::run_at(&args.launch, &args.master, |comm| {
+    let settings = args.launch.settings(&args.master, &[Collective::AllGather]);
+    let code = comm_core::run(&settings, |comm| {
         println!("Rank {} using device: {}", comm.rank(), comm.device());
 
         // This rank's block, and room for everyone's.
@@ -39,6 +40,7 @@ fn main() -> std::process::ExitCode {
         comm.all_gather_into(&mine, &mut all)?;
         comm.print_grid("After all-gather:", &all)?;
         Ok(())
-    })
+    });
+    comm_core::launch::exit_code(code)
 }
 // ANCHOR_END: main

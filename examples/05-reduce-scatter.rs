@@ -10,7 +10,7 @@
 //! contribution (`--steps` shows the partial sums grow); NCCL does the same on the GPUs.
 
 use clap::Parser;
-use comm_core::{LaunchArgs, MasterArgs, ReduceOp};
+use comm_core::{Collective, LaunchArgs, MasterArgs, ReduceOp};
 
 #[derive(Parser)]
 #[command(about = "Sum every rank's buffer and scatter its blocks with reduce_scatter")]
@@ -28,7 +28,10 @@ struct Args {
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    comm_core::run_at(&args.launch, &args.master, |comm| {
+    let settings = args
+        .launch
+        .settings(&args.master, &[Collective::ReduceScatter]);
+    let code = comm_core::run(&settings, |comm| {
         println!("Rank {} using device: {}", comm.rank(), comm.device());
 
         // n blocks on every rank: 1, 2, 3, ... so each block is told apart.
@@ -43,6 +46,7 @@ fn main() -> std::process::ExitCode {
         comm.reduce_scatter_into(&all, &mut mine, ReduceOp::Sum)?;
         comm.print_grid("After reduce-scatter (block r on rank r):", &mine)?;
         Ok(())
-    })
+    });
+    comm_core::launch::exit_code(code)
 }
 // ANCHOR_END: main

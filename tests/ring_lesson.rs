@@ -7,8 +7,9 @@
 
 use std::process::Command;
 
-use comm_core::launch::{run_to_code, LaunchArgs};
+use comm_core::launch::run;
 use comm_core::ring_lesson::ring_all_reduce;
+use comm_core::Settings;
 use comm_core::{BackendChoice, CommError, ReduceOp};
 use test_support::process::Plainly;
 
@@ -23,13 +24,13 @@ fn input(rank: usize, len: usize) -> Vec<f32> {
 const LENS: [usize; 6] = [0, 1, 3, 10, 1000, 100_003];
 
 fn as_job(ranks: usize) -> i32 {
-    let args = LaunchArgs {
-        nproc_per_node: Some(ranks),
+    let settings = Settings {
+        ranks: Some(ranks),
         backend: BackendChoice::Cpu,
-        timeout: 60.0,
-        ..LaunchArgs::default()
+        timeout: std::time::Duration::from_secs(60),
+        ..Settings::default()
     };
-    run_to_code(&args, |comm| {
+    run(&settings, |comm| {
         LENS.iter().try_for_each(|&len| {
             let mut lesson = input(comm.rank(), len);
             ring_all_reduce(comm, &mut lesson)?;

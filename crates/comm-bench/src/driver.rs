@@ -11,11 +11,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::ValueEnum;
+use comm_core::backend::cpu;
 use comm_core::backend::{self, BackendKind, Selection};
-use comm_core::launch::{LaunchArgs, DEFAULT_CPU_RANKS};
+use comm_core::launch::DEFAULT_CPU_RANKS;
+use comm_core::settings::{self, Settings};
 use comm_core::spawn::{self, Outcome, SpawnPlan};
 use comm_core::timing::Loop;
-use comm_core::{BackendChoice, Communicator, Device, Job, ReduceOp, Topology};
+use comm_core::{BackendChoice, Collective, Communicator, Device, ReduceOp, Topology};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
@@ -150,30 +152,33 @@ pub fn run(args: &BenchArgs) -> i32 {
             return 2;
         }
     };
-    if let Err(e) = LaunchArgs::timeout(&launch_args(args, BackendChoice::Auto)) {
-        eprintln!("comm-bench: error: {e}");
-        return 2;
-    }
+    let settings = match job_settings(args, &plan) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("comm-bench: error: {e}");
+            return 2;
+        }
+    };
     match Topology::from_env() {
         Err(e) => {
             eprintln!("comm-bench: error: {e}");
             2
         }
-        Ok(Some(topology)) => rank_main(args, &plan, topology),
+        Ok(Some(topology)) => rank_main(args, &plan, &settings, topology),
         Ok(None) => parent_main(args, &plan),
     }
 }
 
-fn launch_args(args: &BenchArgs, backend: BackendChoice) -> LaunchArgs {
-    LaunchArgs {
-        nproc_per_node: None,
-        backend,
+/// The ranks' job settings from the measuring flags, checked in the parent and in each rank as
+/// the examples check theirs (comm-bench's own -n is --iters, so it has no `LaunchArgs`).
+fn job_settings(args: &BenchArgs, plan: &Plan) -> comm_core::Result<Settings> {
+    Ok(Settings {
         transport: args.transport,
-        timeout: args.timeout,
-        algo: args.algo,
-        steps: false,
+        timeout: settings::timeout_flag(args.timeout)?,
+        algo: settings::algo_flag(args.algo, &plan.collectives)?,
         trace: args.trace.clone(),
-    }
+        ..Settings::default()
+    })
 }
 
 fn choice_name(choice: BackendChoice) -> String {
@@ -423,8 +428,9 @@ fn follow(path: &Path, stop: &AtomicBool, printer: &mut Printer) {
     }
 }
 
-/// A rank: meet the others, measure every backend asked for, report from rank 0.
-fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
+/// A rank: meet the others, measure every backend asked for, report from rank 0. Its life
+/// (rendezvous, selection line, finish or abort) is every program's, `launch::rank_life`.
+fn rank_main(args: &BenchArgs, plan: &Plan, settings: &Settings, topology: Topology) -> i32 {
     let rank = topology.rank;
     let backends = match args.child_backend {
         Some(b) => vec![b],
@@ -448,27 +454,19 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
             topology.world_size
         );
     }
-    let result = (|| -> comm_core::Result<()> {
-        let launch = launch_args(args, backends[0]);
-        let job = Job::rendezvous(&topology, launch.backend, launch.timeout()?)?
-            .with_trace(launch.trace.clone())?
-            .with_transport(launch.transport)
-            .with_algo(launch.algo);
-        if rank == 0 {
-            println!("{}", job.selection());
-        }
+    let settings = Settings {
+        backend: backends[0],
+        ..settings.clone()
+    };
+    let nodes = (topology.world_size / topology.local_world_size.max(1)).max(1);
+    let local_ranks = topology.local_world_size;
+    let code = comm_core::launch::rank_life(&settings, topology, |job| {
         for (i, &choice) in backends.iter().enumerate() {
             // Every backend over the same ranks and store: the first must work, the others are
             // skipped where this machine cannot run them.
             match job.communicator(choice).map(comm_core::launch::announced) {
                 Ok(comm) => {
-                    if let Err(e) = measure_all(&comm, plan, &topology, &mut sink) {
-                        // Reported first (the root cause's record is the earliest), then the
-                        // others stop at once instead of waiting for this rank.
-                        comm_core::failure_record::report_failure(rank, &e);
-                        job.abort(&e);
-                        return Err(e);
-                    }
+                    measure_all(&comm, plan, nodes, local_ranks, &mut sink)?;
                     // Every rank is done with it: NCCL's clean end (a barrier, then finalize
                     // and destroy), so no rank tears its communicator down while a peer still
                     // runs the last collective.
@@ -482,13 +480,10 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
                 Err(_) => {}
             }
         }
-        job.finish()?;
-        comm_core::launch::announce_trace(rank, args.trace.as_deref());
         Ok(())
-    })();
-    match (result, sink) {
-        (Err(e), _) => comm_core::failure_record::report_failure(rank, &e),
-        (Ok(()), Sink::Print(printer)) => {
+    });
+    match (code, sink) {
+        (0, Sink::Print(printer)) => {
             printer.done();
             // `&`, not `&&`: both are written even when one fails.
             let written = write_outputs(args, &printer.rows)
@@ -497,7 +492,7 @@ fn rank_main(args: &BenchArgs, plan: &Plan, topology: Topology) -> i32 {
             finish_code(code, printer.wrong(), printer.rows.len())
         }
         // Ranks the parent started leave the verdict to it; other ranks stay quiet.
-        (Ok(()), _) => 0,
+        (code, _) => code,
     }
 }
 
@@ -526,8 +521,8 @@ fn memory_budget(comm: &Communicator, local_ranks: usize) -> comm_core::Result<B
     })
 }
 
-/// The backend's version and the machine it runs on, for the rows.
-fn describe(comm: &Communicator) -> (String, String) {
+/// The backend's version and the machine it runs on, for the rows of `collective`'s table.
+fn describe(comm: &Communicator, collective: Collective) -> (String, String) {
     match comm.device() {
         Device::Cuda(ordinal) => {
             let version = cudarc::nccl::result::get_nccl_version().map_or_else(
@@ -543,7 +538,10 @@ fn describe(comm: &Communicator) -> (String, String) {
             format!(
                 "{} transport{} (comm-core {})",
                 comm.transport().unwrap_or("?"),
+                // Named only where this collective has it: --algo ring on all_reduce and
+                // broadcast in one run leaves broadcast to choose by size.
                 comm.algo()
+                    .filter(|a| cpu::algos_of(collective).contains(a))
                     .map_or_else(String::new, |a| format!(", {} algorithm", a.name())),
                 env!("CARGO_PKG_VERSION")
             ),
@@ -556,17 +554,18 @@ fn describe(comm: &Communicator) -> (String, String) {
 fn measure_all(
     comm: &Communicator,
     plan: &Plan,
-    topology: &Topology,
+    nodes: usize,
+    local_ranks: usize,
     sink: &mut Sink,
 ) -> comm_core::Result<()> {
-    let (version, machine) = describe(comm);
-    let info = RunInfo {
+    let (version, machine) = describe(comm, Collective::AllReduce);
+    let mut info = RunInfo {
         backend: comm.backend().to_string(),
         backend_version: version,
         machine,
         host: record::host(),
         world_size: comm.world_size(),
-        nodes: (topology.world_size / topology.local_world_size.max(1)).max(1),
+        nodes,
         warmup: plan.warmup,
         iters: plan.iters,
         blocking: plan.waiting.flag(),
@@ -575,7 +574,7 @@ fn measure_all(
         per_iter_timing: u8::from(plan.per_iteration),
         started: record::utc_now(),
     };
-    let budget = memory_budget(comm, topology.local_world_size)?;
+    let budget = memory_budget(comm, local_ranks)?;
     // nccl-tests rotates its buffers within the largest size (-e) it allocated; ours within the
     // largest size that fits, on GPUs only (see measure.rs's `rotation`).
     let rotate_within = match comm.device() {
@@ -602,6 +601,7 @@ fn measure_all(
     let tables = plan.tables();
     for (i, &(collective, dtype, op)) in tables.iter().enumerate() {
         if i == 0 || tables[i - 1].0 != collective {
+            info.backend_version = describe(comm, collective).0;
             sink.send(Event::Begin {
                 info: info.clone(),
                 collective: collective.name().into(),

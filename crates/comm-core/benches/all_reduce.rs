@@ -6,9 +6,10 @@
 //!
 //! Each iteration starts after a barrier; its time is the slowest rank's.
 
-use comm_core::launch::{run_to_code, LaunchArgs};
+use comm_core::launch::run;
 use comm_core::timing::{busbw, time_iterations};
 use comm_core::Collective;
+use comm_core::Settings;
 use comm_core::{BackendChoice, ReduceOp};
 
 const SIZES: [usize; 3] = [1 << 20, 10 << 20, 100 << 20];
@@ -20,13 +21,13 @@ fn main() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(2);
-    let args = LaunchArgs {
-        nproc_per_node: Some(nproc),
+    let settings = Settings {
+        ranks: Some(nproc),
         backend: BackendChoice::Cpu,
-        timeout: 120.0,
-        ..LaunchArgs::default()
+        timeout: std::time::Duration::from_secs(120),
+        ..Settings::default()
     };
-    let code = run_to_code(&args, |comm| {
+    let code = run(&settings, |comm| {
         let n = comm.world_size();
         if comm.rank() == 0 {
             println!(

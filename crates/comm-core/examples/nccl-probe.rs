@@ -7,10 +7,24 @@
 //! through `library::link_at_start`, as every program does), and a unique Id, which needs NCCL
 //! but no GPU: the address inside it is where rank 0 would wait for the others.
 
+use clap::Parser;
 use comm_core::backend::nccl::{self, library, Machine, ThisMachine};
 use comm_core::backend::{select, BackendChoice};
 
+#[derive(Parser)]
+#[command(
+    name = "nccl-probe",
+    about = "Show, step by step, whether NCCL can run on this machine and why not",
+    long_about = "Show, step by step, whether NCCL can run on this machine, and why not: the CUDA \
+                  driver, the GPUs it sees, libnccl (pip's libnccl.so.2 is linked as libnccl.so \
+                  if that is all there is) and an NCCL unique Id. The last line is what \
+                  --backend auto would choose. It takes no options."
+)]
+struct Args {}
+
 fn main() -> std::process::ExitCode {
+    // --help answers before anything is probed (or the program restarts itself).
+    Args::parse();
     // The variables the library's own search reads, read where comm-core reads them.
     let machine = ThisMachine(comm_core::topology::library_var);
     let row = |step: &str, finding: String| println!("{step:<14}{finding}");

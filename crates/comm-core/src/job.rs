@@ -2,19 +2,21 @@
 //! rank sits ([`Topology`]), the rendezvous store every rank met at, and on rank 0 the store's
 //! server. Communicators come from [`Job::communicator`], one per backend if wanted, all over the
 //! same store (how example 03 and comm-bench compare the CPU path with NCCL on the same ranks);
-//! a communicator itself knows nothing of how it was launched.
+//! a communicator itself knows nothing of how it was launched. The job holds the launch's
+//! [`Settings`] and hands each part what it obeys: the timeout to the store, the transports and
+//! NCCL; the transport, algorithm, steps and trace to the communicators.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::cpu::{self, Algo, TransportChoice};
+use crate::backend::cpu;
 use crate::backend::nccl::{self, NcclBackend};
 use crate::backend::{self, BackendChoice, BackendKind, Selection};
 use crate::comm::Communicator;
 use crate::error::{CommError, Result};
 use crate::phase::Phase;
+use crate::settings::Settings;
 use crate::store::{Membership, Store, StoreServer};
 use crate::topology::{StoreHost, Topology};
 
@@ -23,15 +25,8 @@ pub struct Job {
     topology: Topology,
     /// What `--backend` chose at launch, before the rendezvous.
     selection: Selection,
-    choice: BackendChoice,
-    /// How CPU communicators move bytes (`--transport`).
-    transport: TransportChoice,
-    /// The CPU algorithm asked for (`--algo`).
-    algo: Option<Algo>,
-    /// Whether communicators show their steps (`--steps`).
-    steps: bool,
-    /// Where the job's trace goes (`--trace`), if it records one.
-    trace: Option<PathBuf>,
+    /// Everything the flags decided, `settings.backend` being what `selection` answers.
+    settings: Settings,
     store: Arc<Store>,
     /// Rank 0 serves the store for everyone until the job finishes.
     server: Option<Arc<StoreServer>>,
@@ -42,17 +37,14 @@ pub struct Job {
 impl Job {
     /// Meets the other ranks: decides the backend (rank 0 says which and why), then rank 0
     /// serves the store at MASTER_PORT (unless torchrun's agent serves it there) and every rank
-    /// joins it. From then on, if another rank ends the job or the store goes away, this rank
-    /// stops at once, wherever it is, saying why (see [`Store::when_job_ends`]).
+    /// joins it, within `settings.timeout`. With `settings.trace` every rank starts recording.
+    /// From then on, if another rank ends the job or the store goes away, this rank stops at
+    /// once, wherever it is, saying why (see [`Store::when_job_ends`]).
     ///
     /// Deciding has no side effects: linking pip's `libnccl.so.2` (and the restart that takes)
     /// happened at the start of the process, in [`backend::prepare`] (see [`nccl::library`]).
-    pub fn rendezvous(
-        topology: &Topology,
-        choice: BackendChoice,
-        timeout: Duration,
-    ) -> Result<Job> {
-        let selection = backend::select(choice)?;
+    pub fn rendezvous(topology: &Topology, settings: &Settings) -> Result<Job> {
+        let selection = backend::select(settings.backend)?;
         let (rank, world_size) = (topology.rank, topology.world_size);
         let _range = crate::profile::range(|| "rendezvous".into());
         crate::phase::enter(Phase::Rendezvous);
@@ -73,51 +65,22 @@ impl Job {
             run_id: topology.run_id.as_deref(),
             namespace: &namespace,
         };
-        let store = Store::join(&topology.master_addr, topology.master_port, &who, timeout)?;
+        let (addr, port) = (&topology.master_addr, topology.master_port);
+        let store = Store::join(addr, port, &who, settings.timeout)?;
         let serving = server.clone();
         store.when_job_ends(move |error| stop_now(rank, &error, serving.as_deref()));
         crate::phase::enter(Phase::Working);
+        if settings.trace.is_some() {
+            crate::trace::start(&store.scoped("trace"), rank, world_size)?;
+        }
         Ok(Job {
             topology: topology.clone(),
             selection,
-            choice,
-            transport: TransportChoice::Auto,
-            algo: None,
-            steps: false,
-            trace: None,
+            settings: settings.clone(),
             store: Arc::new(store),
             server,
             built: AtomicU64::new(0),
         })
-    }
-
-    /// How CPU communicators move bytes (`--transport`).
-    pub fn with_transport(mut self, transport: TransportChoice) -> Job {
-        self.transport = transport;
-        self
-    }
-
-    /// The CPU algorithm communicators run where a collective has one of that name (`--algo`).
-    pub fn with_algo(mut self, algo: Option<Algo>) -> Job {
-        self.algo = algo;
-        self
-    }
-
-    /// Records a trace of every rank into `file` (`--trace`; see [`crate::trace`]): every rank
-    /// calls it, and the file is written when the job finishes.
-    pub fn with_trace(mut self, file: Option<PathBuf>) -> Result<Job> {
-        if let Some(file) = file {
-            let (rank, world_size) = (self.topology.rank, self.topology.world_size);
-            crate::trace::start(&self.store.scoped("trace"), rank, world_size)?;
-            self.trace = Some(file);
-        }
-        Ok(self)
-    }
-
-    /// Whether communicators show every step of their CPU algorithms (`--steps`).
-    pub fn with_steps(mut self, steps: bool) -> Job {
-        self.steps = steps;
-        self
     }
 
     /// Where this rank sits.
@@ -135,9 +98,14 @@ impl Job {
         &self.store
     }
 
-    /// The store's timeout: how long any wait of this job may take.
+    /// The settings the job was launched with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// How long any wait of this job may take (`--timeout`).
     pub fn timeout(&self) -> Duration {
-        self.store.timeout()
+        self.settings.timeout
     }
 
     /// Builds a communicator of `choice` over this job's ranks. Every rank must call it, in the
@@ -145,7 +113,9 @@ impl Job {
     /// rank must end up on the same backend: rank 0's decision rules, and a rank that would run
     /// another one fails saying so.
     pub fn communicator(&self, choice: BackendChoice) -> Result<Communicator> {
-        let selection = match choice == self.choice {
+        let settings = &self.settings;
+        let timeout = settings.timeout;
+        let selection = match choice == settings.backend {
             true => self.selection.clone(),
             false => backend::select(choice)?,
         };
@@ -170,15 +140,15 @@ impl Job {
                     Some(name) => crate::host::interface_address(name)?,
                     None => self.store.local_ip(),
                 };
-                let choice = self.transport;
+                let choice = settings.transport;
                 let cpu = scope.scoped("cpu");
-                let connected = cpu::connect(&cpu, rank, world_size, run_id, choice, ip)?;
+                let connected = cpu::connect(&cpu, rank, world_size, run_id, choice, ip, timeout)?;
                 let line = format!(
                     "transport: {} ({})",
                     connected.transport.name(),
                     connected.why
                 );
-                let transport = match self.trace {
+                let transport = match settings.trace {
                     Some(_) => Box::new(cpu::Traced::new(connected.transport)),
                     None => connected.transport,
                 };
@@ -191,13 +161,13 @@ impl Job {
                 nccl::check_one_gpu_per_rank(&scope, rank, world_size, ordinal)?;
                 let nccl = scope.scoped("nccl");
                 crate::phase::enter(Phase::NcclInit);
-                let backend = NcclBackend::connect(&nccl, rank, world_size, ordinal)?;
+                let backend = NcclBackend::connect(&nccl, rank, world_size, ordinal, timeout)?;
                 Communicator::nccl(backend, rank, world_size, topology.local_rank, ordinal)
             }
         };
         let comm = comm.with_store(self.store.clone(), &name);
         crate::phase::enter(Phase::Working);
-        Ok(comm.with_algo(self.algo).with_steps(self.steps))
+        Ok(comm.with_algo(settings.algo).with_steps(settings.steps))
     }
 
     /// Ends the job for every rank because this one failed with `error`: the others stop at once
@@ -231,7 +201,7 @@ impl Job {
     /// rank was stopped (SIGSTOP), and so never disconnects, alive past its timeout.
     pub fn linger(&self) {
         if let Some(server) = &self.server {
-            let longest = self.store.timeout().min(LINGER);
+            let longest = self.settings.timeout.min(LINGER);
             // This rank's own two connections (requests and the watcher) stay open meanwhile.
             server.wait_until_at_most(2, longest);
         }
@@ -241,16 +211,16 @@ impl Job {
     /// others have disconnected, so nobody loses it while waiting for an answer.
     pub fn finish(self) -> Result<()> {
         crate::phase::enter(Phase::Finishing);
-        if let Some(file) = &self.trace {
+        if let Some(file) = &self.settings.trace {
             crate::trace::write_part(file)?;
         }
         self.store.barrier("finish")?;
         // Every rank is here: closing the store's connections is no news now.
         self.store.leave();
-        if let (Some(file), 0) = (&self.trace, self.topology.rank) {
+        if let (Some(file), 0) = (&self.settings.trace, self.topology.rank) {
             crate::trace::merge(file, self.topology.world_size)?;
         }
-        let timeout = self.store.timeout();
+        let timeout = self.settings.timeout;
         // Our own connection must close too before the server counts itself idle.
         drop(self.store);
         if let Some(server) = &self.server {

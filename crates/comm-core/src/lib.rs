@@ -5,10 +5,10 @@
 //! → collectives on buffers → [`grid`] on rank 0.
 //!
 //! [`topology`] is the only module that reads the environment; [`host`] is this machine (its
-//! name, its interfaces). [`spawn`] starts the ranks when no launcher did; a [`job::Job`] is
-//! what a launch gives a rank and builds its communicators; [`launch::run`] ties it all
-//! together. Every collective is described once, in [`collective`]; [`check`], the tests and
-//! comm-bench read that table.
+//! name, its interfaces). The flags become one [`settings::Settings`] value; [`spawn`] starts
+//! the ranks when no launcher did; a [`job::Job`] is what a launch gives a rank and builds its
+//! communicators with those settings; [`launch::run`] ties it all together. Every collective is
+//! described once, in [`collective`]; [`check`], the tests and comm-bench read that table.
 
 pub mod agree;
 pub mod backend;
@@ -27,6 +27,7 @@ pub mod memory;
 pub mod phase;
 pub mod profile;
 pub mod ring_lesson;
+pub mod settings;
 pub mod spawn;
 pub mod steps;
 pub mod stopwatch;
@@ -43,5 +44,6 @@ pub use dtype::{DType, Element, ReduceOp};
 pub use error::{CommError, Result};
 pub use failure_record::{report_failure, ErrorRecord};
 pub use job::Job;
-pub use launch::{run, run_at, LaunchArgs, MasterArgs};
+pub use launch::run;
+pub use settings::{LaunchArgs, MasterArgs, Settings};
 pub use topology::Topology;

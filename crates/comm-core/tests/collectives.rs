@@ -75,11 +75,14 @@ fn connect(wire: Wire, store: &Store, prefix: &str, rank: usize, n: usize) -> Bo
                 None,
                 TransportChoice::Shm,
                 ip,
+                store.timeout(),
             )
             .unwrap()
             .transport
         }
-        _ => Box::new(TcpTransport::connect(&store.scoped(prefix), rank, n, None).unwrap()),
+        _ => Box::new(
+            TcpTransport::connect(&store.scoped(prefix), rank, n, None, store.timeout()).unwrap(),
+        ),
     }
 }
 
@@ -433,6 +436,7 @@ fn ranks_given_different_transports_are_told() {
                         None,
                         choice,
                         store.local_ip(),
+                        timeout,
                     )
                     .map(|c| c.transport.name())
                     .map_err(|e| e.to_string())
@@ -469,7 +473,7 @@ fn each_transport_choice_builds_what_it_names() {
                         let store = Store::connect("127.0.0.1", port, rank, 3, TIMEOUT).unwrap();
                         let ip = store.local_ip();
                         let scope = store.scoped("choice");
-                        let c = cpu::connect(&scope, rank, 3, None, choice, ip).unwrap();
+                        let c = cpu::connect(&scope, rank, 3, None, choice, ip, TIMEOUT).unwrap();
                         (c.transport.name().to_string(), c.why)
                     })
                 })

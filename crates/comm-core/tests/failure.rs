@@ -9,7 +9,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use comm_core::launch::{run_to_code, LaunchArgs};
+use comm_core::launch::run;
+use comm_core::Settings;
 use comm_core::{BackendChoice, ReduceOp};
 use test_support::process::{
     assert_all_gone, scratch, start, wait_for_pid_files, Plainly, Running,
@@ -17,13 +18,14 @@ use test_support::process::{
 
 /// What a rank does in each scenario, with its pid recorded in `PID_DIR`.
 fn as_rank(scenario: &str) -> ! {
-    let args = LaunchArgs {
-        nproc_per_node: Some(3),
+    let timeout: f64 = std::env::var("JOB_TIMEOUT").unwrap().parse().unwrap();
+    let settings = Settings {
+        ranks: Some(3),
         backend: BackendChoice::Cpu,
-        timeout: std::env::var("JOB_TIMEOUT").unwrap().parse().unwrap(),
-        ..LaunchArgs::default()
+        timeout: Duration::from_secs_f64(timeout),
+        ..Settings::default()
     };
-    let code = run_to_code(&args, |comm| {
+    let code = run(&settings, |comm| {
         let dir = std::env::var("PID_DIR").unwrap();
         std::fs::write(
             Path::new(&dir).join(comm.rank().to_string()),

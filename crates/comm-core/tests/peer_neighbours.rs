@@ -13,8 +13,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use comm_core::backend::cpu::{TcpTransport, Transport};
-use comm_core::launch::{run_to_code, LaunchArgs, MAX_TIMEOUT};
+use comm_core::launch::run;
+use comm_core::settings::{timeout_flag, MAX_TIMEOUT};
 use comm_core::store::{Store, StoreServer};
+use comm_core::Settings;
 use comm_core::{BackendChoice, CommError, Communicator, ReduceOp};
 use test_support::process::{assert_all_gone, scratch, start, wait_for_pid_files, Plainly};
 
@@ -43,9 +45,14 @@ fn a_silent_connection_does_not_delay_the_job() {
     let timeout = Duration::from_secs(10);
     std::thread::scope(|s| {
         let rank0 = s.spawn(|| {
-            let t =
-                TcpTransport::connect(&store(&server, 0, 2, timeout).scoped("p"), 0, 2, Some("r"))
-                    .unwrap();
+            let t = TcpTransport::connect(
+                &store(&server, 0, 2, timeout).scoped("p"),
+                0,
+                2,
+                Some("r"),
+                timeout,
+            )
+            .unwrap();
             let comm = Communicator::cpu(Box::new(t), 0);
             let mut buf = comm.buffer(&[1.0f32; 4]).unwrap();
             comm.all_reduce(&mut buf, ReduceOp::Sum).unwrap();
@@ -61,7 +68,7 @@ fn a_silent_connection_does_not_delay_the_job() {
         strangers[4].write_all(b"NC").unwrap();
         std::thread::sleep(Duration::from_millis(100));
         let started = Instant::now();
-        let t = TcpTransport::connect(&store1.scoped("p"), 1, 2, Some("r")).unwrap();
+        let t = TcpTransport::connect(&store1.scoped("p"), 1, 2, Some("r"), timeout).unwrap();
         let took = started.elapsed();
         eprintln!("rendezvous behind 5 strangers: {took:?}");
         // Before: each silent connection held rank 0 for the whole timeout (3 × 10 s here).
@@ -105,6 +112,7 @@ fn a_peer_from_another_run_is_refused_naming_both_runs() {
                         rank,
                         2,
                         Some(run),
+                        timeout,
                     )
                 })
             })
@@ -171,6 +179,7 @@ fn without_a_run_id_on_one_side_run_ids_are_not_compared() {
                         rank,
                         2,
                         run,
+                        timeout,
                     )
                     .unwrap()
                 })
@@ -193,18 +202,29 @@ fn a_rank_that_is_already_connected_is_refused() {
     let started = Instant::now();
     let rank0 = std::thread::scope(|s| {
         let rank0 = s.spawn(|| {
-            let result =
-                TcpTransport::connect(&store(&server, 0, 3, timeout).scoped("d"), 0, 3, None);
+            let result = TcpTransport::connect(
+                &store(&server, 0, 3, timeout).scoped("d"),
+                0,
+                3,
+                None,
+                timeout,
+            );
             (result, started.elapsed())
         });
         let job_a = s.spawn(|| {
-            TcpTransport::connect(&store(&server, 1, 3, timeout).scoped("d"), 1, 3, None)
+            TcpTransport::connect(
+                &store(&server, 1, 3, timeout).scoped("d"),
+                1,
+                3,
+                None,
+                timeout,
+            )
         });
         let job_b = s.spawn(|| {
             let addr = store(&server, 2, 3, timeout).get("d/addr/0").unwrap();
             let store_b = store(&server_b, 1, 3, timeout);
             store_b.set("d/addr/0", &addr).unwrap();
-            TcpTransport::connect(&store_b.scoped("d"), 1, 3, None)
+            TcpTransport::connect(&store_b.scoped("d"), 1, 3, None, timeout)
         });
         let claimants = [job_a, job_b];
         let refused = claimants
@@ -253,6 +273,7 @@ fn a_peer_of_another_world_size_is_refused() {
                         rank,
                         world,
                         None,
+                        timeout,
                     )
                 })
             })
@@ -280,7 +301,8 @@ fn stopped_rank(dir: &Path) -> ! {
     let port: u16 = std::env::var("STORE_PORT").unwrap().parse().unwrap();
     let store = Store::connect("127.0.0.1", port, 1, 2, Duration::from_secs(20)).unwrap();
     std::fs::write(dir.join("1"), std::process::id().to_string()).unwrap();
-    let t = TcpTransport::connect(&store.scoped("stop"), 1, 2, None).unwrap();
+    let t =
+        TcpTransport::connect(&store.scoped("stop"), 1, 2, None, Duration::from_secs(20)).unwrap();
     let comm = Communicator::cpu(Box::new(t), 0);
     let mut buf = comm.buffer(&vec![1.0f32; 4 << 20]).unwrap();
     let _ = comm.all_reduce(&mut buf, ReduceOp::Sum);
@@ -308,8 +330,14 @@ fn a_stopped_peer_is_reported_within_the_timeout() {
     );
     let pid = wait_for_pid_files(&dir, 1..2, Duration::from_secs(20))[0];
     let timeout = Duration::from_secs(2);
-    let t =
-        TcpTransport::connect(&store(&server, 0, 2, timeout).scoped("stop"), 0, 2, None).unwrap();
+    let t = TcpTransport::connect(
+        &store(&server, 0, 2, timeout).scoped("stop"),
+        0,
+        2,
+        None,
+        timeout,
+    )
+    .unwrap();
     child.signal(libc::SIGSTOP);
     let comm = Communicator::cpu(Box::new(t), 0);
     // 16 MiB: the ring's sends fill the socket buffers of the stopped rank and block.
@@ -364,8 +392,14 @@ fn a_trickling_peer_does_not_extend_the_deadline() {
                 std::thread::sleep(Duration::from_millis(500));
             }
         });
-        let t =
-            TcpTransport::connect(&store(server, 0, 2, timeout).scoped("tr"), 0, 2, None).unwrap();
+        let t = TcpTransport::connect(
+            &store(server, 0, 2, timeout).scoped("tr"),
+            0,
+            2,
+            None,
+            timeout,
+        )
+        .unwrap();
         let started = Instant::now();
         let mut out = [0u8; 16];
         let err = t.recv(1, &mut out).unwrap_err();
@@ -386,13 +420,13 @@ fn a_trickling_peer_does_not_extend_the_deadline() {
 
 /// A whole self-spawned job with `--timeout 1e19`.
 fn huge_timeout_job() -> ! {
-    let args = LaunchArgs {
-        nproc_per_node: Some(2),
+    let settings = Settings {
+        ranks: Some(2),
         backend: BackendChoice::Cpu,
-        timeout: 1e19,
-        ..LaunchArgs::default()
+        timeout: timeout_flag(1e19).unwrap(),
+        ..Settings::default()
     };
-    let code = run_to_code(&args, |comm| {
+    let code = run(&settings, |comm| {
         let mut buf = comm.buffer(&[1.0f32; 8])?;
         comm.all_reduce(&mut buf, ReduceOp::Sum)?;
         assert_eq!(comm.to_host(&buf)?, [2.0; 8]);
@@ -406,16 +440,10 @@ fn a_timeout_too_long_to_represent_does_not_panic() {
     if std::env::var("PEER_SCENARIO").as_deref() == Ok("huge-timeout") {
         huge_timeout_job();
     }
-    let args = |timeout: f64| LaunchArgs {
-        nproc_per_node: Some(2),
-        backend: BackendChoice::Cpu,
-        timeout,
-        ..LaunchArgs::default()
-    };
-    assert_eq!(args(1e19).timeout().unwrap(), MAX_TIMEOUT);
-    assert_eq!(args(2.5).timeout().unwrap(), Duration::from_millis(2500));
+    assert_eq!(timeout_flag(1e19).unwrap(), MAX_TIMEOUT);
+    assert_eq!(timeout_flag(2.5).unwrap(), Duration::from_millis(2500));
     for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0, 0.0] {
-        let err = args(bad).timeout().unwrap_err();
+        let err = timeout_flag(bad).unwrap_err();
         assert_eq!(err.kind(), "usage", "{bad}: {err}");
     }
     let finished = start(

@@ -7,9 +7,10 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use comm_core::launch::{run_to_code, LaunchArgs};
+use comm_core::launch::run;
 use comm_core::spawn::{self, Outcome, SpawnPlan};
 use comm_core::store::{Store, StoreServer};
+use comm_core::Settings;
 use comm_core::{BackendChoice, CommError, ReduceOp};
 use test_support::process::Plainly;
 
@@ -71,13 +72,13 @@ fn a_store_that_is_not_there_is_named() {
 
 /// A rank of the job below: rank 1 fails on purpose, the others wait for it in a collective.
 fn as_rank() -> ! {
-    let args = LaunchArgs {
-        nproc_per_node: Some(3),
+    let settings = Settings {
+        ranks: Some(3),
         backend: BackendChoice::Cpu,
-        timeout: 20.0,
-        ..LaunchArgs::default()
+        timeout: Duration::from_secs(20),
+        ..Settings::default()
     };
-    let code = run_to_code(&args, |comm| {
+    let code = run(&settings, |comm| {
         if comm.rank() == 1 {
             std::thread::sleep(Duration::from_millis(200));
             return Err(CommError::Usage("rank 1 fails on purpose".into()));

@@ -10,7 +10,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use comm_core::launch::{run_job, LaunchArgs};
+use comm_core::launch::run_job;
+use comm_core::Settings;
 use comm_core::{BackendChoice, ReduceOp};
 use test_support::process::{assert_all_gone, scratch, start, wait_for_pids_in, Plainly, Running};
 
@@ -20,19 +21,20 @@ const NEWS: Duration = Duration::from_secs(2);
 /// One rank of `scenario`: writes `<phase>-<rank>` with its pid in `PID_DIR` as it reaches each
 /// point the test waits for, then goes on (rank 1 of "finishing" idles before the end instead).
 fn as_rank(scenario: &str) -> ! {
-    let args = LaunchArgs {
+    let timeout: f64 = std::env::var("JOB_TIMEOUT").unwrap().parse().unwrap();
+    let settings = Settings {
         // Ignored where the ranks are started by hand (RANK is set).
-        nproc_per_node: Some(3),
+        ranks: Some(3),
         backend: BackendChoice::Cpu,
-        timeout: std::env::var("JOB_TIMEOUT").unwrap().parse().unwrap(),
-        ..LaunchArgs::default()
+        timeout: Duration::from_secs_f64(timeout),
+        ..Settings::default()
     };
     let mark = |point: &str, rank: usize| {
         let dir = std::env::var("PID_DIR").unwrap();
         let file = Path::new(&dir).join(format!("{point}-{rank}"));
         std::fs::write(file, std::process::id().to_string()).unwrap();
     };
-    let code = run_job(&args, None, |job| {
+    let code = run_job(&settings, None, |job| {
         let rank = job.topology().rank;
         mark("joined", rank);
         let comm = job.communicator(BackendChoice::Cpu)?;

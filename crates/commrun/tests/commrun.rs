@@ -11,7 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use comm_core::launch::{run_to_code, LaunchArgs};
+use comm_core::launch;
+use comm_core::{LaunchArgs, MasterArgs};
 use test_support::build::example;
 use test_support::grid::Grid;
 use test_support::process::{
@@ -522,7 +523,8 @@ fn as_worker(scenario: &str) -> ! {
     }
     let timeout = std::env::var("JOB_TIMEOUT").unwrap();
     let args = Args::parse_from(["worker", "--backend", "cpu", "--timeout", &timeout]);
-    let code = run_to_code(&args.launch, |comm| {
+    let settings = args.launch.settings(&MasterArgs::default(), &[]);
+    let code = launch::run(&settings, |comm| {
         let dir = std::env::var("PID_DIR").unwrap();
         let path = Path::new(&dir).join(comm.rank().to_string());
         std::fs::write(path.with_extension("tmp"), std::process::id().to_string()).unwrap();

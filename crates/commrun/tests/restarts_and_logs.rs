@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
-use comm_core::launch::{run_to_code, LaunchArgs};
+use comm_core::launch;
+use comm_core::{LaunchArgs, MasterArgs};
 use test_support::process::{assert_all_gone, scratch, start, wait_for_pid_files};
 
 mod common;
@@ -146,7 +147,8 @@ fn as_worker() -> ! {
     }
     let args = Args::parse_from(["worker", "--backend", "cpu", "--timeout", "60"]);
     let start = std::env::var("TORCHELASTIC_RESTART_COUNT").unwrap();
-    let code = run_to_code(&args.launch, |comm| {
+    let settings = args.launch.settings(&MasterArgs::default(), &[]);
+    let code = launch::run(&settings, |comm| {
         println!("rank {} met the others on start {start}", comm.rank());
         if comm.rank() == 1 && start == "0" {
             eprintln!("rank 1 fails after the rendezvous");

@@ -29,8 +29,20 @@ pub enum TransportChoice {
     Tcp,
 }
 
+use crate::collective::Collective;
 use crate::error::{CommError, Result};
 use crate::store::Scoped;
+
+/// The algorithms `--algo` can name for `collective`: those [`algorithms::run`] chooses between
+/// for it (see [`chosen`]). A program refuses any other at launch (`settings::algo_flag`).
+pub fn algos_of(collective: Collective) -> &'static [Algo] {
+    match collective {
+        Collective::AllReduce => &[Algo::Ring, Algo::Direct],
+        Collective::Broadcast => &[Algo::Tree, Algo::Chain],
+        Collective::AllGather | Collective::ReduceScatter => &[Algo::Ring],
+        _ => &[],
+    }
+}
 
 /// A rank's transport to every peer, and why it is the one it is (the transport line's words:
 /// `requested`, `shared memory between the 4 ranks of this host`, ...).
@@ -53,7 +65,8 @@ impl Connected {
 /// Connects this rank to every peer through the store in `scope` (TCP links listening on
 /// `ip`, see [`TcpTransport::connect_on`]), then, as `choice` says, moves the pairs of one host
 /// to shared memory ([`shm`]): `Auto` wherever it can be set up, `Shm` for every pair or an
-/// error, `Tcp` nowhere (no shared memory is set up at all).
+/// error, `Tcp` nowhere (no shared memory is set up at all). `timeout` (the job's `--timeout`)
+/// bounds connecting and then every collective call.
 pub fn connect(
     scope: &Scoped,
     rank: usize,
@@ -61,8 +74,9 @@ pub fn connect(
     run_id: Option<&str>,
     choice: TransportChoice,
     ip: std::net::IpAddr,
+    timeout: std::time::Duration,
 ) -> Result<Connected> {
-    let tcp = TcpTransport::connect_on(scope, rank, world_size, run_id, ip)?;
+    let tcp = TcpTransport::connect_on(scope, rank, world_size, run_id, ip, timeout)?;
     if world_size == 1 {
         return Ok(Connected::alone(tcp, "one rank: nothing to move"));
     }
@@ -88,4 +102,24 @@ fn agree_on_choice(scope: &Scoped, rank: usize, choice: TransportChoice) -> Resu
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    /// `algos_of` lists exactly the algorithms that asking for runs at every size: the same
+    /// rule as the dispatch, so `--algo` is refused only where it would be ignored.
+    #[test]
+    fn a_collectives_algorithms_are_those_the_dispatch_obeys() {
+        for c in Collective::ALL {
+            for &a in Algo::value_variants() {
+                let obeyed = [0, 1 << 30]
+                    .iter()
+                    .all(|&b| chosen(c, b, 4, Some(a)) == Some(a));
+                assert_eq!(algos_of(c).contains(&a), obeyed, "{c} {}", a.name());
+            }
+        }
+    }
 }

@@ -159,15 +159,17 @@ impl TcpTransport {
     /// Connects every pair of ranks, exchanging addresses through the store in `scope`.
     /// `run_id` names the run (torchrun's `--rdzv-id`, Slurm's job and step, self-spawn's own):
     /// a peer of another run is refused. Ranks started by hand have none, and then run ids are
-    /// not compared. Everything must be connected within the store's timeout.
+    /// not compared. Everything must be connected within `timeout` (the job's `--timeout`),
+    /// which then bounds each collective call.
     pub fn connect(
         scope: &Scoped,
         rank: usize,
         world_size: usize,
         run_id: Option<&str>,
+        timeout: Duration,
     ) -> Result<Self> {
         let ip = scope.store().local_ip();
-        Self::connect_on(scope, rank, world_size, run_id, ip)
+        Self::connect_on(scope, rank, world_size, run_id, ip, timeout)
     }
 
     /// [`connect`](Self::connect), listening for peers on `ip` (an interface's address, as
@@ -178,8 +180,8 @@ impl TcpTransport {
         world_size: usize,
         run_id: Option<&str>,
         ip: std::net::IpAddr,
+        timeout: Duration,
     ) -> Result<Self> {
-        let timeout = scope.store().timeout();
         let deadline = Deadline::after(timeout);
         let listener = TcpListener::bind((ip, 0))
             .map_err(|e| CommError::io(format!("rank {rank} cannot listen for peers"), e))?;

@@ -61,8 +61,15 @@ const ABORT_ALLOWANCE: Duration = Duration::from_secs(30);
 const ABORT: &str = "ncclCommAbort, after an NCCL call failed or outlived --timeout,";
 
 impl NcclBackend {
-    /// Binds this rank to its GPU and builds the communicator through the store.
-    pub fn connect(scope: &Scoped, rank: usize, world_size: usize, ordinal: usize) -> Result<Self> {
+    /// Binds this rank to its GPU and builds the communicator through the store. `timeout` (the
+    /// job's `--timeout`) bounds NCCL's init and, through the watchdog, every call.
+    pub fn connect(
+        scope: &Scoped,
+        rank: usize,
+        world_size: usize,
+        ordinal: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
         let ctx = quietly(|| CudaContext::new(ordinal))
             .map_err(|p| CommError::Backend(format!("CUDA did not load: {p}")))?
             .map_err(cuda(&format!("opening cuda:{ordinal}")))?;
@@ -83,7 +90,6 @@ impl NcclBackend {
         // Everyone has the Id and is alive before NCCL's own init starts.
         scope.barrier("init")?;
         ctx.bind_to_thread().map_err(cuda("binding the context"))?;
-        let timeout = scope.store().timeout();
         let comm = init_rank(&ctx, world_size, id, rank, timeout)?;
         // ANCHOR_END: unique_id
         let version = result::get_nccl_version().unwrap_or(0);

@@ -1,0 +1,359 @@
+//! A job's settings: the flags every program shares ([`LaunchArgs`], [`MasterArgs`]), checked
+//! once into one [`Settings`] value that the launch hands down. The rendezvous, the CPU
+//! transports and the NCCL backend read their timeout, transport, algorithm, steps and trace
+//! from it (through [`Job`](crate::job::Job)); nothing reads a setting back out of the store.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::backend::cpu::{self, Algo, TransportChoice};
+use crate::backend::BackendChoice;
+use crate::collective::Collective;
+use crate::error::{CommError, Result};
+use crate::topology::Topology;
+
+/// The longest `--timeout` honoured (about 31 years): longer ones wait this long, which is
+/// forever in practice, so that every deadline computed from it stays representable.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(1_000_000_000);
+
+/// What a job runs with, decided once from the flags: built by [`LaunchArgs::settings`] (or by
+/// hand, as comm-bench and the tests do) and handed to [`launch`](crate::launch), which gives
+/// it to the [`Job`](crate::job::Job) that every communicator is built from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Ranks to start when this program starts its own (`-n`); `None`: one per GPU, or
+    /// [`DEFAULT_CPU_RANKS`](crate::launch::DEFAULT_CPU_RANKS).
+    pub ranks: Option<usize>,
+    /// Which backend runs the collectives (`--backend`).
+    pub backend: BackendChoice,
+    /// How CPU ranks move bytes (`--transport`).
+    pub transport: TransportChoice,
+    /// How long any wait may take: the rendezvous, connecting, every collective (`--timeout`).
+    pub timeout: Duration,
+    /// The CPU algorithm asked for (`--algo`), one that a collective the program runs has.
+    pub algo: Option<Algo>,
+    /// Whether communicators show every step of their CPU algorithms (`--steps`).
+    pub steps: bool,
+    /// Where the job's trace goes (`--trace`), if it records one.
+    pub trace: Option<PathBuf>,
+    /// Where rank 0 serves the store (`--master-addr`, `--master-port`).
+    pub master: MasterArgs,
+}
+
+impl Default for Settings {
+    /// What the flags default to.
+    fn default() -> Settings {
+        Settings {
+            ranks: None,
+            backend: BackendChoice::Auto,
+            transport: TransportChoice::Auto,
+            timeout: Duration::from_secs(300),
+            algo: None,
+            steps: false,
+            trace: None,
+            master: MasterArgs::default(),
+        }
+    }
+}
+
+/// `--timeout SECONDS` as a duration, at most [`MAX_TIMEOUT`]; zero, negative, infinite and NaN
+/// values are usage errors.
+pub fn timeout_flag(seconds: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(seconds.min(MAX_TIMEOUT.as_secs_f64()))
+        .ok()
+        .filter(|d| !d.is_zero() && seconds.is_finite())
+        .ok_or_else(|| {
+            CommError::Usage(format!(
+                "--timeout {seconds}: give a positive, finite number of seconds"
+            ))
+        })
+}
+
+/// `--algo` for a program that runs `runs`: refused unless one of them has an algorithm of that
+/// name ([`cpu::algos_of`]), naming those they have, rather than silently ignored.
+pub fn algo_flag(algo: Option<Algo>, runs: &[Collective]) -> Result<Option<Algo>> {
+    let Some(asked) = algo else { return Ok(None) };
+    if runs.iter().any(|&c| cpu::algos_of(c).contains(&asked)) {
+        return Ok(algo);
+    }
+    let has = |c: Collective| match cpu::algos_of(c) {
+        [] => format!("{c} has one algorithm, no choice"),
+        algos => {
+            let names: Vec<&str> = algos.iter().map(|a| a.name()).collect();
+            format!("{c} has {}", names.join(" or "))
+        }
+    };
+    let mut runs = runs.to_vec();
+    runs.dedup();
+    let has: Vec<String> = runs.into_iter().map(has).collect();
+    Err(CommError::Usage(match has.is_empty() {
+        true => format!("--algo {}: this program runs no collective", asked.name()),
+        false => format!(
+            "--algo {}: no collective this program runs has it ({})",
+            asked.name(),
+            has.join("; ")
+        ),
+    }))
+}
+
+/// The flags every example shares.
+#[derive(Debug, Clone, clap::Args)]
+// The struct's own doc comment would otherwise become the program's --help text.
+#[command(about = None, long_about = None)]
+pub struct LaunchArgs {
+    /// Ranks to start on this machine [default: one per GPU, or 4 on the CPU backend].
+    /// Ignored when a launcher (srun, torchrun, commrun) already started the ranks.
+    #[arg(short = 'n', long, value_name = "N")]
+    pub nproc_per_node: Option<usize>,
+
+    /// Which backend runs the collectives: NCCL on GPUs, or the CPU.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+
+    /// How CPU ranks move bytes: shared memory within a host and TCP between hosts (auto), or
+    /// one of them for every pair. NCCL picks its own.
+    #[arg(long, value_enum, default_value_t = TransportChoice::Auto)]
+    pub transport: TransportChoice,
+
+    /// Seconds any wait may take (rendezvous, a collective) before the job fails.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub timeout: f64,
+
+    /// The CPU backend's algorithm, as NCCL_ALGO chooses NCCL's (all_reduce: ring or direct;
+    /// broadcast: tree or chain; all_gather, reduce_scatter: ring). One the program's collective
+    /// does not have is refused [default: by size].
+    #[arg(long, value_enum, value_name = "NAME")]
+    pub algo: Option<Algo>,
+
+    /// Show every rank's buffer after each step of the algorithm, as grids (CPU backend; NCCL
+    /// runs the steps inside one kernel, so only before and after show).
+    #[arg(long)]
+    pub steps: bool,
+
+    /// Record what every rank does into FILE, a Chrome trace (open it in ui.perfetto.dev, or
+    /// draw it with `comm-bench timeline FILE`): a track per rank, a slice per collective call
+    /// and, on the CPU backend, per send and receive, with arrows from sends to receives.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<std::path::PathBuf>,
+}
+
+impl LaunchArgs {
+    /// The job's [`Settings`] from these flags and `master`'s, for a program that runs the
+    /// collectives `runs` (an `--algo` none of them has is refused). A bad flag is a usage
+    /// error: this prints it and exits with code 2, as a flag clap refuses does.
+    pub fn settings(&self, master: &MasterArgs, runs: &[Collective]) -> Settings {
+        self.try_settings(master, runs).unwrap_or_else(|e| {
+            eprintln!("error: {e}");
+            std::process::exit(2)
+        })
+    }
+
+    /// [`settings`](Self::settings), returning the usage error instead of exiting.
+    pub fn try_settings(&self, master: &MasterArgs, runs: &[Collective]) -> Result<Settings> {
+        Ok(Settings {
+            ranks: self.nproc_per_node,
+            backend: self.backend,
+            transport: self.transport,
+            timeout: timeout_flag(self.timeout)?,
+            algo: algo_flag(self.algo, runs)?,
+            steps: self.steps,
+            trace: self.trace.clone(),
+            master: master.clone(),
+        })
+    }
+}
+
+/// Where rank 0 serves the rendezvous store, as the course's scripts and torchrun take it
+/// (`--master-addr`/`--master-port`, or their underscore spellings). Unset, a program that starts
+/// its own ranks picks 127.0.0.1 and a free port, and a rank started by a launcher reads
+/// `MASTER_ADDR`/`MASTER_PORT` (or Slurm's host list and job id).
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+#[command(about = None, long_about = None)]
+pub struct MasterArgs {
+    /// Host where rank 0 serves the rendezvous store. With a launcher's MASTER_ADDR too, this
+    /// flag wins, as torchrun's own flags win over its environment.
+    #[arg(long, visible_alias = "master_addr", value_name = "HOST")]
+    pub master_addr: Option<String>,
+
+    /// Port of the rendezvous store [default: a free port when the program starts its own
+    /// ranks; else MASTER_PORT, or 20000 + Slurm job id mod 20000]. Wins over MASTER_PORT.
+    #[arg(long, visible_alias = "master_port", value_name = "PORT",
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub master_port: Option<u16>,
+}
+
+impl MasterArgs {
+    /// `topology` with the flags applied: a flag wins over what the environment said, and
+    /// rank 0 says so on stderr when they differ. Under torchrun's agent store the store is the
+    /// agent's, at MASTER_ADDR:MASTER_PORT, so a flag that points elsewhere is an error.
+    pub fn apply(&self, mut topology: Topology) -> Result<Topology> {
+        let mut notes = Vec::new();
+        if let Some(addr) = self.master_addr.as_deref().map(str::trim) {
+            if addr.is_empty() {
+                return Err(CommError::Usage("--master-addr is empty".into()));
+            }
+            if addr != topology.master_addr {
+                notes.push(format!(
+                    "--master-addr {addr} wins over MASTER_ADDR={}",
+                    topology.master_addr
+                ));
+                topology.master_addr = addr.to_string();
+            }
+        }
+        if let Some(port) = self.master_port {
+            if port != topology.master_port {
+                notes.push(format!(
+                    "--master-port {port} wins over the environment's port {} (MASTER_PORT, or \
+                     Slurm's job id)",
+                    topology.master_port
+                ));
+                topology.master_port = port;
+            }
+        }
+        if notes.is_empty() {
+            return Ok(topology);
+        }
+        if matches!(topology.store, crate::topology::StoreHost::Agent { .. }) {
+            return Err(CommError::Usage(format!(
+                "{}: but torchrun's agent serves this job's store at MASTER_ADDR:MASTER_PORT and \
+                 every worker must join it; give torchrun --master_addr/--master_port instead",
+                notes.join("; ")
+            )));
+        }
+        if topology.rank == 0 {
+            eprintln!(
+                "note: {} (the flag wins, as torchrun's flags win over its environment)",
+                notes.join("; ")
+            );
+        }
+        Ok(topology)
+    }
+
+    /// For ranks this program starts itself: the flags' host and port, checked now so that a
+    /// busy port or a foreign host is one clear error instead of a rank's failure (or a wait).
+    /// Unset, 127.0.0.1 and no port (the plan picks a free one).
+    pub(crate) fn for_own_ranks(&self) -> Result<(String, Option<u16>)> {
+        let addr = self.master_addr.as_deref().map_or("127.0.0.1", str::trim);
+        if addr.is_empty() {
+            return Err(CommError::Usage("--master-addr is empty".into()));
+        }
+        let ip = std::net::ToSocketAddrs::to_socket_addrs(&(addr, 0))
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| {
+                CommError::Usage(format!(
+                    "--master-addr {addr}: no such host (it does not resolve)"
+                ))
+            })?
+            .ip();
+        // Rank 0 runs here, so the store's host must be this machine.
+        std::net::TcpListener::bind((ip, 0)).map_err(|e| {
+            CommError::Usage(format!(
+                "--master-addr {addr} ({ip}) is not an address of this machine ({e}); the ranks \
+                 start here and rank 0 serves the store here"
+            ))
+        })?;
+        if let Some(port) = self.master_port {
+            std::net::TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
+                CommError::Usage(format!(
+                    "--master-port {port} is taken on this machine ({e}): pick another, or \
+                     leave the flag out and a free port is picked"
+                ))
+            })?;
+        }
+        Ok((addr.to_string(), self.master_port))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::StoreHost;
+
+    fn launched(store: StoreHost) -> Topology {
+        let mut t = Topology::by_hand(1, 2, "node0", 29500).unwrap();
+        t.store = store;
+        t
+    }
+
+    #[test]
+    fn a_master_flag_wins_over_the_environment() {
+        let flags = MasterArgs {
+            master_addr: Some("node1".into()),
+            master_port: Some(29502),
+        };
+        let t = flags.apply(launched(StoreHost::RankZero)).unwrap();
+        assert_eq!((t.master_addr.as_str(), t.master_port), ("node1", 29502));
+        // No flags, or flags that agree: the environment's place, unchanged.
+        let same = MasterArgs {
+            master_addr: Some("node0".into()),
+            master_port: Some(29500),
+        };
+        for flags in [MasterArgs::default(), same] {
+            let t = flags.apply(launched(StoreHost::RankZero)).unwrap();
+            assert_eq!((t.master_addr.as_str(), t.master_port), ("node0", 29500));
+        }
+    }
+
+    #[test]
+    fn under_torchruns_agent_store_a_contradicting_flag_is_an_error() {
+        let flags = MasterArgs {
+            master_addr: None,
+            master_port: Some(29502),
+        };
+        let e = flags
+            .apply(launched(StoreHost::Agent { attempt: 0 }))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--master-port 29502") && e.contains("torchrun's agent"),
+            "{e}"
+        );
+        let agreeing = MasterArgs {
+            master_addr: None,
+            master_port: Some(29500),
+        };
+        assert!(agreeing
+            .apply(launched(StoreHost::Agent { attempt: 0 }))
+            .is_ok());
+    }
+
+    #[test]
+    fn own_ranks_refuse_a_busy_port_and_a_foreign_host() {
+        let busy = std::net::TcpListener::bind(("0.0.0.0", 0)).unwrap();
+        let port = busy.local_addr().unwrap().port();
+        let flags = MasterArgs {
+            master_addr: None,
+            master_port: Some(port),
+        };
+        let e = flags.for_own_ranks().unwrap_err().to_string();
+        assert!(e.contains(&format!("--master-port {port} is taken")), "{e}");
+        // 192.0.2.1 (TEST-NET-1) is no address of this machine.
+        let foreign = MasterArgs {
+            master_addr: Some("192.0.2.1".into()),
+            master_port: None,
+        };
+        let e = foreign.for_own_ranks().unwrap_err().to_string();
+        assert!(e.contains("not an address of this machine"), "{e}");
+        let fine = MasterArgs::default().for_own_ranks().unwrap();
+        assert_eq!(fine, ("127.0.0.1".to_string(), None));
+    }
+
+    #[test]
+    fn an_algorithm_no_collective_of_the_program_has_is_refused_naming_theirs() {
+        let e = algo_flag(Some(Algo::Ring), &[Collective::Broadcast]).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("--algo ring") && e.contains("broadcast has tree or chain"),
+            "{e}"
+        );
+        let e = algo_flag(Some(Algo::Tree), &[Collective::Reduce]).unwrap_err();
+        assert!(e.to_string().contains("reduce has one algorithm"), "{e}");
+        // One collective of several that has it is enough (comm-bench --collectives all).
+        let all = Collective::ALL;
+        for algo in [Algo::Ring, Algo::Direct, Algo::Tree, Algo::Chain] {
+            assert_eq!(algo_flag(Some(algo), &all).unwrap(), Some(algo));
+        }
+        assert_eq!(algo_flag(None, &[Collective::Reduce]).unwrap(), None);
+    }
+}
