@@ -20,6 +20,8 @@ pub struct Store {
     world_size: usize,
     barriers: AtomicU64,
     watcher: Option<Watcher>,
+    /// Whether this rank was let into the job (its join checks passed).
+    member: bool,
 }
 
 impl Store {
@@ -71,11 +73,13 @@ impl Store {
             world_size: who.world_size,
             barriers: AtomicU64::new(0),
             watcher: None,
+            member: false,
         };
         // The watcher's connection is opened now and confirmed after joining, so that its
         // round trip overlaps the joining ones.
         let watcher = Conn::start(&endpoint, Duration::from_secs(5));
         membership::join(&store.client, who)?;
+        store.member = true;
         let lost = |source| CommError::StoreLost {
             rank: who.rank,
             endpoint: endpoint.clone(),
@@ -287,7 +291,9 @@ impl Drop for Store {
         // reads it before this connection's end), and given up after 100 ms, so that dropping a
         // store never waits on a store that is stuck or gone. Dropped by a panic, or never
         // dropped (a killed process), its connection closing is news the server passes on.
-        if !std::thread::panicking() {
+        // Only a member leaves: a rank refused at its join (another run's, a duplicate) must not
+        // write this job's key for the rank it claimed.
+        if self.member && !std::thread::panicking() {
             let left = membership::left_key(self.rank());
             self.client
                 .set_unconfirmed(&left, b"", Duration::from_millis(100));

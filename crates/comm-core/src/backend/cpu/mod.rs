@@ -5,6 +5,7 @@
 
 pub mod algorithms;
 mod channel;
+mod connected;
 mod context;
 pub mod shm;
 mod tcp;
@@ -13,21 +14,11 @@ mod transport;
 
 pub use algorithms::{chosen, Algo, CHAIN_SEGMENT_BYTES};
 pub use channel::ChannelTransport;
+pub use connected::{Connected, TransportChoice};
 pub use shm::{remove_own_segments, ShmTcpTransport};
 pub use tcp::TcpTransport;
 pub use traced::Traced;
 pub use transport::{threaded_send_recv_with, CallScope, Sink, Transport, PIECE_BYTES};
-
-/// What the user asked for with `--transport`: how CPU ranks move bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum TransportChoice {
-    /// Shared memory between ranks of one host, TCP between hosts.
-    Auto,
-    /// Shared memory between every pair; an error where ranks do not share a host.
-    Shm,
-    /// TCP between every pair, even on one host (what Gloo does).
-    Tcp,
-}
 
 use crate::collective::Collective;
 use crate::error::{CommError, Result};
@@ -41,24 +32,6 @@ pub fn algos_of(collective: Collective) -> &'static [Algo] {
         Collective::Broadcast => &[Algo::Tree, Algo::Chain],
         Collective::AllGather | Collective::ReduceScatter => &[Algo::Ring],
         _ => &[],
-    }
-}
-
-/// A rank's transport to every peer, and why it is the one it is (the transport line's words:
-/// `requested`, `shared memory between the 4 ranks of this host`, ...).
-pub struct Connected {
-    /// TCP alone, or shared memory to the ranks of this host and TCP to the others.
-    pub transport: Box<dyn Transport>,
-    /// Why.
-    pub why: String,
-}
-
-impl Connected {
-    fn alone(tcp: TcpTransport, why: &str) -> Connected {
-        Connected {
-            transport: Box::new(tcp),
-            why: why.into(),
-        }
     }
 }
 

@@ -25,12 +25,12 @@ use std::time::Duration;
 use ring::{Doorbell, Geometry, Inbox, Ring};
 use segment::Segment;
 
+use super::connected::{Connected, TransportChoice};
 use super::context::Context;
 use super::tcp::TcpTransport;
 use super::transport::{
     piece, piece_count, size_mismatch, threaded_send_recv_with, Deadline, Sink, Transport,
 };
-use super::{Connected, TransportChoice};
 use crate::error::{CommError, Result};
 use crate::store::Scoped;
 use crate::streaming::{copy, Stores};
