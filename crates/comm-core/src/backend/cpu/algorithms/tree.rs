@@ -12,8 +12,8 @@ use crate::steps;
 use crate::streaming::{copy, Stores};
 use crate::trace;
 
-/// Copies the root's `buf` to every rank: a binomial tree for small messages, a pipelined
-/// chain for large ones, or the one `algo` names.
+/// Copies the root's `buf` to every rank: a binomial tree up to 4 MiB, a pipelined chain above
+/// (the rule and its measurements: `choice.rs`), or the one `algo` names.
 pub fn broadcast<T: Element>(
     t: &dyn Transport,
     buf: &mut [T],
