@@ -302,6 +302,12 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = TransportChoice::Auto)]
     pub transport: TransportChoice,
 
+    /// How the CPU backend's ranks of one host move large messages: one copy (single: the
+    /// receiver reads the sender's buffer, cross-memory attach) or two (ring: through shared
+    /// memory); auto from a measured size up, where every pair can.
+    #[arg(long, value_enum, default_value_t = comm_core::backend::cpu::CopyChoice::Auto)]
+    pub copy: comm_core::backend::cpu::CopyChoice,
+
     /// The CPU backend's algorithm, where a collective has one of that name (all_reduce: ring or
     /// direct; broadcast: tree or chain), as NCCL_ALGO chooses NCCL's; the header names it
     /// [default: by size].

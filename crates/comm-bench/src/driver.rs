@@ -174,6 +174,7 @@ pub fn run(args: &BenchArgs) -> i32 {
 fn job_settings(args: &BenchArgs, plan: &Plan) -> comm_core::Result<Settings> {
     Ok(Settings {
         transport: args.transport,
+        copy: args.copy,
         timeout: settings::timeout_flag(args.timeout)?,
         algo: settings::algo_flag(args.algo, &plan.collectives)?,
         trace: args.trace.clone(),

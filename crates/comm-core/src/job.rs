@@ -140,7 +140,11 @@ impl Job {
                     Some(name) => crate::host::interface_address(name)?,
                     None => self.store.local_ip(),
                 };
-                let choice = settings.transport;
+                let choice = cpu::Wiring {
+                    transport: settings.transport,
+                    copy: settings.copy,
+                    refuse_cross_memory: false,
+                };
                 let cpu = scope.scoped("cpu");
                 let connected = cpu::connect(&cpu, rank, world_size, run_id, choice, ip, timeout)?;
                 let line = format!(

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::backend::cpu::{self, Algo, TransportChoice};
+use crate::backend::cpu::{self, Algo, CopyChoice, TransportChoice};
 use crate::backend::BackendChoice;
 use crate::collective::Collective;
 use crate::error::{CommError, Result};
@@ -28,6 +28,8 @@ pub struct Settings {
     pub backend: BackendChoice,
     /// How CPU ranks move bytes (`--transport`).
     pub transport: TransportChoice,
+    /// How CPU ranks that share memory move large messages (`--copy`): one copy or two.
+    pub copy: CopyChoice,
     /// How long any wait may take: the rendezvous, connecting, every collective (`--timeout`).
     pub timeout: Duration,
     /// The CPU algorithm asked for (`--algo`), one that a collective the program runs has.
@@ -47,6 +49,7 @@ impl Default for Settings {
             ranks: None,
             backend: BackendChoice::Auto,
             transport: TransportChoice::Auto,
+            copy: CopyChoice::Auto,
             timeout: Duration::from_secs(300),
             algo: None,
             steps: false,
@@ -115,6 +118,12 @@ pub struct LaunchArgs {
     #[arg(long, value_enum, default_value_t = TransportChoice::Auto)]
     pub transport: TransportChoice,
 
+    /// How CPU ranks of one host move large messages: one copy, the receiver reading the
+    /// sender's buffer (cross-memory attach, as NCCL's P2P transport), or two through shared
+    /// memory (as NCCL's SHM). auto takes one copy from a measured size up, where every pair can.
+    #[arg(long, value_enum, default_value_t = CopyChoice::Auto)]
+    pub copy: CopyChoice,
+
     /// Seconds any wait may take (rendezvous, a collective) before the job fails.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
     pub timeout: f64,
@@ -154,6 +163,7 @@ impl LaunchArgs {
             ranks: self.nproc_per_node,
             backend: self.backend,
             transport: self.transport,
+            copy: self.copy,
             timeout: timeout_flag(self.timeout)?,
             algo: algo_flag(self.algo, runs)?,
             steps: self.steps,

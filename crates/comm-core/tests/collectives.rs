@@ -1,7 +1,8 @@
 //! Every collective and reduction of comm-core's collective table, against a sequential
 //! reference on random data: world sizes 1 to 8, lengths 0, 1, not divisible by the world size
 //! and 16 MiB, each dtype, in place and out of place, over every transport (channels between
-//! threads, real TCP sockets, and shared-memory segments).
+//! threads, real TCP sockets, and shared-memory segments, through their rings or by one copy
+//! from the sender's buffer).
 //!
 //! Inputs are small whole numbers, so every float sum and product is exact and the ring's order
 //! of additions cannot make a correct result look wrong.
@@ -9,7 +10,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use comm_core::backend::cpu::{self, ChannelTransport, TcpTransport, Transport, TransportChoice};
+use comm_core::backend::cpu::{
+    self, ChannelTransport, CopyChoice, TcpTransport, Transport, TransportChoice, Wiring,
+};
 use comm_core::check::{cases, input, Case, Mismatch};
 use comm_core::store::{Store, StoreServer};
 use comm_core::{Collective, Communicator, Element, ReduceOp};
@@ -22,6 +25,8 @@ enum Wire {
     Channels,
     Tcp,
     Shm,
+    /// Shared memory, every message by one copy (`--copy single`: cross-memory attach).
+    ShmSingle,
 }
 
 /// Runs `body` on `n` ranks, one thread each, and returns what each rank returned.
@@ -31,7 +36,7 @@ fn on_ranks<R: Send>(n: usize, wire: Wire, body: impl Fn(&Communicator) -> R + S
             .into_iter()
             .map(|t| Box::new(t) as Box<dyn Transport>)
             .collect(),
-        Wire::Tcp | Wire::Shm => {
+        Wire::Tcp | Wire::Shm | Wire::ShmSingle => {
             let server = StoreServer::bind(0, n).unwrap();
             let port = server.port();
             std::thread::scope(|s| {
@@ -66,14 +71,22 @@ fn on_ranks<R: Send>(n: usize, wire: Wire, body: impl Fn(&Communicator) -> R + S
 /// One rank's end of `wire` between processes.
 fn connect(wire: Wire, store: &Store, prefix: &str, rank: usize, n: usize) -> Box<dyn Transport> {
     match wire {
-        Wire::Shm => {
+        Wire::Shm | Wire::ShmSingle => {
             let ip = store.local_ip();
+            let wiring = Wiring {
+                transport: TransportChoice::Shm,
+                copy: match wire {
+                    Wire::ShmSingle => CopyChoice::Single,
+                    _ => CopyChoice::Auto,
+                },
+                refuse_cross_memory: false,
+            };
             cpu::connect(
                 &store.scoped(prefix),
                 rank,
                 n,
                 None,
-                TransportChoice::Shm,
+                wiring,
                 ip,
                 store.timeout(),
             )
@@ -186,6 +199,13 @@ fn shm_world_sizes_1_to_8() {
     }
 }
 
+#[test]
+fn shm_single_copy_world_sizes_1_to_8() {
+    for n in 1..=8 {
+        all_dtypes(Wire::ShmSingle, n, &small_lengths(n));
+    }
+}
+
 /// 16 MiB per rank (plus one element), every collective and dtype, at an odd world size where
 /// blocks are uneven, with Sum and Max where the collective reduces.
 fn big(wire: Wire) {
@@ -242,6 +262,11 @@ fn shm_16_mib() {
 }
 
 #[test]
+fn shm_single_copy_16_mib() {
+    big(Wire::ShmSingle);
+}
+
+#[test]
 fn tcp_16_mib_eight_ranks() {
     eight_ranks(Wire::Tcp);
 }
@@ -249,6 +274,11 @@ fn tcp_16_mib_eight_ranks() {
 #[test]
 fn shm_16_mib_eight_ranks() {
     eight_ranks(Wire::Shm);
+}
+
+#[test]
+fn shm_single_copy_16_mib_eight_ranks() {
+    eight_ranks(Wire::ShmSingle);
 }
 
 /// The long rings: all-reduce, and the pipelined chain broadcast, over 8 ranks.
@@ -285,7 +315,7 @@ fn eight_ranks(wire: Wire) {
 
 #[test]
 fn ranks_that_disagree_on_sizes_get_an_error_not_a_hang() {
-    for wire in [Wire::Channels, Wire::Tcp, Wire::Shm] {
+    for wire in [Wire::Channels, Wire::Tcp, Wire::Shm, Wire::ShmSingle] {
         let errors = on_ranks(2, wire, |comm| {
             let len = if comm.rank() == 0 { 8 } else { 12 };
             let mut buf = comm.buffer(&vec![1i32; len]).unwrap();
@@ -357,7 +387,7 @@ fn bad_arguments_are_usage_errors() {
 
 #[test]
 fn a_peer_that_disappears_is_reported() {
-    for wire in [Wire::Tcp, Wire::Shm] {
+    for wire in [Wire::Tcp, Wire::Shm, Wire::ShmSingle] {
         a_peer_disappears(wire);
     }
 }
@@ -396,7 +426,7 @@ fn a_peer_disappears(wire: Wire) {
 /// on another: that is not an error (only a peer still owed something is watched).
 #[test]
 fn a_peer_that_finished_its_part_may_leave() {
-    for wire in [Wire::Tcp, Wire::Shm] {
+    for wire in [Wire::Tcp, Wire::Shm, Wire::ShmSingle] {
         let results = on_ranks(3, wire, |comm| {
             let data = comm.buffer(&[7i32; 1000]).unwrap();
             let mut got = comm.zeros::<i32>(1000).unwrap();
@@ -488,4 +518,133 @@ fn each_transport_choice_builds_what_it_names() {
             );
         }
     }
+}
+
+/// Connects `n` ranks (threads) with `wiring(rank)`, each rank's transport name and line's
+/// words, or its error.
+fn wired(
+    n: usize,
+    wiring: impl Fn(usize) -> Wiring + Sync,
+) -> Vec<Result<(String, String), String>> {
+    wired_within(n, TIMEOUT, wiring)
+}
+
+/// [`wired`], every wait at most `timeout`.
+fn wired_within(
+    n: usize,
+    timeout: Duration,
+    wiring: impl Fn(usize) -> Wiring + Sync,
+) -> Vec<Result<(String, String), String>> {
+    let server = StoreServer::bind(0, n).unwrap();
+    let port = server.port();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let wiring = wiring(rank);
+                s.spawn(move || {
+                    let store = Store::connect("127.0.0.1", port, rank, n, timeout).unwrap();
+                    let ip = store.local_ip();
+                    let scope = store.scoped("copy");
+                    cpu::connect(&scope, rank, n, None, wiring, ip, timeout)
+                        .map(|c| (c.transport.name().to_string(), c.why))
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// The transport line says which copy runs: nothing added under `--copy auto` where every pair
+/// can read each other (the book's lines), the path where it was forced.
+#[test]
+fn the_transport_line_says_which_copy() {
+    for (copy, added) in [
+        (CopyChoice::Auto, ""),
+        (
+            CopyChoice::Single,
+            "; one copy for every message, by cross-memory attach (--copy single)",
+        ),
+        (
+            CopyChoice::Ring,
+            "; two copies through its rings (--copy ring)",
+        ),
+    ] {
+        let wiring = Wiring {
+            transport: TransportChoice::Auto,
+            copy,
+            refuse_cross_memory: false,
+        };
+        for got in wired(3, |_| wiring) {
+            let why = format!("shared memory between the 3 ranks of this host{added}");
+            assert_eq!(got, Ok(("shm".to_string(), why)), "{copy:?}");
+        }
+    }
+}
+
+/// One rank that cannot read its peers' memory (a host's policy; here the test hook) turns the
+/// one-copy path off for the whole job under `--copy auto`, every rank's line saying why, and
+/// collectives still run (through the rings); `--copy single` fails on every rank naming it.
+#[test]
+fn one_rank_that_cannot_read_turns_single_copy_off_for_all() {
+    let refusing = |copy| {
+        move |rank| Wiring {
+            transport: TransportChoice::Shm,
+            copy,
+            refuse_cross_memory: rank == 2,
+        }
+    };
+    let why = "rank 2 cannot read rank 0's memory: refused";
+    for got in wired(3, refusing(CopyChoice::Auto)) {
+        let (name, line) = got.unwrap();
+        assert_eq!(name, "shm");
+        assert!(
+            line.starts_with(
+                "shared memory between the 3 ranks of this host; two copies through its rings: "
+            ) && line.contains(why),
+            "{line}"
+        );
+    }
+    for got in wired(3, refusing(CopyChoice::Single)) {
+        let e = got.unwrap_err();
+        assert!(e.contains("--copy single: ") && e.contains(why), "{e}");
+    }
+    // The rings carry a message the one-copy path would have taken.
+    let server = StoreServer::bind(0, 2).unwrap();
+    let port = server.port();
+    let sums: Vec<f32> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                s.spawn(move || {
+                    let store = Store::connect("127.0.0.1", port, rank, 2, TIMEOUT).unwrap();
+                    let wiring = refusing(CopyChoice::Auto)(rank + 1);
+                    let ip = store.local_ip();
+                    let c = cpu::connect(&store.scoped("ring"), rank, 2, None, wiring, ip, TIMEOUT)
+                        .unwrap();
+                    assert!(c.why.contains("two copies through its rings"), "{}", c.why);
+                    let comm = Communicator::cpu(c.transport, rank);
+                    let mut buf = comm.buffer(&vec![rank as f32 + 1.0; 1 << 20]).unwrap();
+                    comm.all_reduce(&mut buf, ReduceOp::Sum).unwrap();
+                    comm.to_host(&buf).unwrap()[12345]
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(sums, vec![3.0, 3.0]);
+}
+
+/// Ranks given different `--copy`s fail saying so.
+#[test]
+fn ranks_given_different_copies_are_told() {
+    let got = wired_within(2, Duration::from_secs(3), |rank| Wiring {
+        transport: TransportChoice::Auto,
+        copy: [CopyChoice::Auto, CopyChoice::Ring][rank],
+        refuse_cross_memory: false,
+    });
+    let e = got[1].as_ref().unwrap_err();
+    assert!(
+        e.contains("rank 0 runs --copy auto but rank 1 was given --copy ring"),
+        "{e}"
+    );
 }

@@ -16,6 +16,55 @@ pub enum TransportChoice {
     Tcp,
 }
 
+/// How ranks of one host that share memory move large messages (`--copy`), as NCCL_P2P_DISABLE
+/// and NCCL_SHM_DISABLE choose between NCCL's P2P and SHM transports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CopyChoice {
+    /// One copy (cross-memory attach) from the measured threshold up, where every pair of the
+    /// job's hosts can read each other's memory; two copies through the rings otherwise.
+    Auto,
+    /// One copy for every message: the receiver reads the sender's buffer itself
+    /// (`process_vm_readv`); an error where a pair cannot.
+    Single,
+    /// Two copies for every message: into a ring of shared memory, and out of it.
+    Ring,
+}
+
+impl CopyChoice {
+    /// The flag's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            CopyChoice::Auto => "auto",
+            CopyChoice::Single => "single",
+            CopyChoice::Ring => "ring",
+        }
+    }
+}
+
+/// What connecting a CPU rank is asked for: `--transport` and `--copy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wiring {
+    /// Which transport between which pairs.
+    pub transport: TransportChoice,
+    /// How pairs that share memory move large messages.
+    pub copy: CopyChoice,
+    /// For tests: this rank's check that it can read its peers' memory fails, as on a host
+    /// whose policy refuses cross-memory reads.
+    #[doc(hidden)]
+    pub refuse_cross_memory: bool,
+}
+
+impl From<TransportChoice> for Wiring {
+    /// `transport`, copying as `--copy auto` does.
+    fn from(transport: TransportChoice) -> Wiring {
+        Wiring {
+            transport,
+            copy: CopyChoice::Auto,
+            refuse_cross_memory: false,
+        }
+    }
+}
+
 /// A rank's transport to every peer, and why it is the one it is (the transport line's words:
 /// `requested`, `shared memory between the 4 ranks of this host`, ...).
 pub struct Connected {

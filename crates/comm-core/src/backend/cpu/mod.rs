@@ -14,7 +14,7 @@ mod transport;
 
 pub use algorithms::{chosen, Algo, CHAIN_SEGMENT_BYTES};
 pub use channel::ChannelTransport;
-pub use connected::{Connected, TransportChoice};
+pub use connected::{Connected, CopyChoice, TransportChoice, Wiring};
 pub use shm::{remove_own_segments, ShmTcpTransport};
 pub use tcp::TcpTransport;
 pub use traced::Traced;
@@ -36,27 +36,31 @@ pub fn algos_of(collective: Collective) -> &'static [Algo] {
 }
 
 /// Connects this rank to every peer through the store in `scope` (TCP links listening on
-/// `ip`, see [`TcpTransport::connect_on`]), then, as `choice` says, moves the pairs of one host
-/// to shared memory ([`shm`]): `Auto` wherever it can be set up, `Shm` for every pair or an
-/// error, `Tcp` nowhere (no shared memory is set up at all). `timeout` (the job's `--timeout`)
-/// bounds connecting and then every collective call.
+/// `ip`, see [`TcpTransport::connect_on`]), then, as `wiring`'s transport says, moves the pairs
+/// of one host to shared memory ([`shm`]): `Auto` wherever it can be set up, `Shm` for every
+/// pair or an error, `Tcp` nowhere (no shared memory is set up at all); and there, as its
+/// `copy` says, large messages go by one copy or two. `timeout` (the job's `--timeout`) bounds
+/// connecting and then every collective call.
 pub fn connect(
     scope: &Scoped,
     rank: usize,
     world_size: usize,
     run_id: Option<&str>,
-    choice: TransportChoice,
+    wiring: impl Into<Wiring>,
     ip: std::net::IpAddr,
     timeout: std::time::Duration,
 ) -> Result<Connected> {
+    let wiring = wiring.into();
+    let choice = wiring.transport;
     let tcp = TcpTransport::connect_on(scope, rank, world_size, run_id, ip, timeout)?;
     if world_size == 1 {
         return Ok(Connected::alone(tcp, "one rank: nothing to move"));
     }
     agree_on_choice(scope, rank, choice)?;
+    agree_on_copy(scope, rank, wiring.copy)?;
     match choice {
         TransportChoice::Tcp => Ok(Connected::alone(tcp, "requested")),
-        _ => shm::connect(tcp, scope, choice),
+        _ => shm::connect(tcp, scope, wiring),
     }
 }
 
@@ -72,6 +76,19 @@ fn agree_on_choice(scope: &Scoped, rank: usize, choice: TransportChoice) -> Resu
         return Err(CommError::Usage(format!(
             "rank 0 runs --transport {chosen} but rank {rank} was given --transport {ours}; give \
              every rank the same --transport"
+        )));
+    }
+    Ok(())
+}
+
+/// Every rank must have been given the same `--copy`, as [`agree_on_choice`] the transport.
+fn agree_on_copy(scope: &Scoped, rank: usize, copy: CopyChoice) -> Result<()> {
+    let chosen = scope.rank0_value("copy", copy.name())?;
+    if chosen != copy.name() {
+        return Err(CommError::Usage(format!(
+            "rank 0 runs --copy {chosen} but rank {rank} was given --copy {}; give every rank \
+             the same --copy",
+            copy.name()
         )));
     }
     Ok(())

@@ -11,11 +11,18 @@
 //! memory when both sides mapped each other's; then each rank removes its segment's name
 //! ([`segment`]), so nothing is left in /dev/shm however the job ends.
 //!
+//! Large messages go by one copy instead ([`cma`], `--copy`): the sender posts its buffer's
+//! address and length through the ring, the receiver reads the buffer itself with
+//! `process_vm_readv` and says when it is done, and only then does the sender return. Whether
+//! every pair of every host can read each other's memory is tested while connecting and agreed
+//! by the whole job; where one cannot, all take the rings.
+//!
 //! Waiting: a rank spins briefly, yields, then sleeps on its doorbell; while it sleeps it wakes
 //! every few milliseconds to check the deadline and whether the peer's TCP link has closed (the
 //! peer died or failed), so a dead peer is an error within milliseconds and a stopped one a
 //! timeout.
 
+mod cma;
 mod ring;
 mod segment;
 
@@ -25,7 +32,7 @@ use std::time::Duration;
 use ring::{Doorbell, Geometry, Inbox, Ring};
 use segment::Segment;
 
-use super::connected::{Connected, TransportChoice};
+use super::connected::{Connected, CopyChoice, TransportChoice, Wiring};
 use super::context::Context;
 use super::tcp::TcpTransport;
 use super::transport::{
@@ -70,6 +77,9 @@ pub struct ShmTcpTransport {
     pairs: Vec<Option<Pair>>,
     /// This rank's doorbell, rung by peers that fill or free a slot it may wait for.
     doorbell: Doorbell,
+    /// Messages of this many bytes or more go by one copy (cross-memory attach); `None`: all
+    /// through the rings.
+    single_from: Option<usize>,
     /// The mappings the rings point into; declared after `pairs` and `doorbell`, so dropped
     /// after them.
     _segments: Vec<Segment>,
@@ -83,16 +93,62 @@ struct Pair {
     incoming: Mutex<Ring>,
     /// The peer's doorbell: rung after writing to it or freeing a slot it writes.
     bell: Doorbell,
+    /// The peer's process, whose memory the one-copy path reads.
+    pid: libc::pid_t,
+    /// Where pieces read from the peer's buffer for a sink wait for it (one-copy path).
+    staging: Mutex<Vec<u64>>,
+}
+
+/// Where a received message goes.
+enum Dest<'a> {
+    /// Into this buffer, whose writes take these stores.
+    Buffer(&'a mut [u8], Stores),
+    /// Piece by piece to a sink (see [`Transport::send_recv_with`]).
+    Sink(Sink<'a>),
+}
+
+impl Dest<'_> {
+    /// Hands over the piece at `offset`.
+    fn put(&mut self, offset: usize, piece: &[u8]) {
+        match self {
+            Dest::Buffer(out, stores) => {
+                copy(*stores, &mut out[offset..offset + piece.len()], piece)
+            }
+            Dest::Sink(sink) => sink(offset, piece),
+        }
+    }
+}
+
+/// Whether each rank of the host can read its peers' memory: the pids of the peers this rank
+/// can read, or why it cannot read one.
+type Readable = std::result::Result<Vec<(usize, libc::pid_t)>, String>;
+
+/// What the job agreed on for copies (see `agree_on_copy`).
+struct Copying {
+    /// The pids of the peers this rank reads by one copy.
+    pids: Vec<(usize, libc::pid_t)>,
+    /// The size from which messages take one copy; `None`: none does.
+    single_from: Option<usize>,
+    /// What the transport line adds.
+    note: String,
+}
+
+impl Copying {
+    /// Every message through the rings, the line adding `note`.
+    fn rings(note: String) -> Copying {
+        Copying {
+            pids: Vec::new(),
+            single_from: None,
+            note,
+        }
+    }
 }
 
 /// Moves the pairs of this host that can share memory off `tcp` (connected to every peer), as
 /// `choice` says: `Auto` wherever it can be set up, `Shm` for every pair or an error. Where no
 /// pair can, `tcp` goes on alone, with the reason.
-pub(super) fn connect(
-    tcp: TcpTransport,
-    scope: &Scoped,
-    choice: TransportChoice,
-) -> Result<Connected> {
+pub(super) fn connect(tcp: TcpTransport, scope: &Scoped, wiring: Wiring) -> Result<Connected> {
+    let choice = wiring.transport;
     let (rank, world_size) = (tcp.rank(), tcp.world_size());
     let scope = scope.scoped("shm");
     let host = host_ranks(&scope, rank)?;
@@ -107,7 +163,18 @@ pub(super) fn connect(
         )));
     }
     let peers: Vec<usize> = host.iter().copied().filter(|&r| r != rank).collect();
+    // Kept until every rank has said whether it could read it (agree_on_copy).
+    let _probe = match wiring.copy {
+        CopyChoice::Ring => None,
+        _ => {
+            cma::allow_peers();
+            let probe = cma::Probe::new(segment::random_token());
+            scope.set_at("probe", rank, probe.published().as_bytes())?;
+            Some(probe)
+        }
+    };
     if peers.is_empty() {
+        agree_on_copy(&scope, rank, world_size, wiring.copy, Ok(Vec::new()))?;
         return Ok(Connected::alone(tcp, "no other rank on this host"));
     }
     let shared = share_memory(&scope, rank, &peers)?;
@@ -119,22 +186,44 @@ pub(super) fn connect(
         ..
     } = shared;
     let Some(own) = inbox else {
+        agree_on_copy(&scope, rank, world_size, wiring.copy, Ok(Vec::new()))?;
         return Ok(Connected::alone(tcp, "shared memory could not be set up"));
     };
+    let readable = match wiring.copy {
+        CopyChoice::Ring => Ok(Vec::new()),
+        _ => {
+            let peers: Vec<usize> = mapped.iter().map(|(peer, _)| *peer).collect();
+            readable_peers(&scope, rank, &peers, wiring.refuse_cross_memory)?
+        }
+    };
+    let Copying {
+        pids,
+        single_from,
+        note,
+    } = agree_on_copy(&scope, rank, world_size, wiring.copy, readable)?;
     let mut pairs: Vec<Option<Pair>> = (0..world_size).map(|_| None).collect();
     for (peer, theirs) in &mapped {
         pairs[*peer] = Some(Pair {
             outgoing: Mutex::new(theirs.ring(ring_index(&host, rank, *peer))),
             incoming: Mutex::new(own.ring(ring_index(&host, *peer, rank))),
             bell: theirs.doorbell(),
+            pid: pids
+                .iter()
+                .find(|(p, _)| p == peer)
+                .map_or(0, |(_, pid)| *pid),
+            staging: Mutex::new(Vec::new()),
         });
     }
-    let why = summary(rank, world_size, mapped.len(), host.len());
+    let mut why = summary(rank, world_size, mapped.len(), host.len());
+    if !mapped.is_empty() {
+        why.push_str(&note);
+    }
     let transport = ShmTcpTransport {
         ctx: tcp.context(),
         tcp,
         pairs,
         doorbell: own.doorbell(),
+        single_from,
         _segments: segments,
     };
     Ok(Connected {
@@ -198,8 +287,13 @@ impl ShmTcpTransport {
         }
     }
 
+    /// Whether a message of `len` bytes goes by one copy.
+    fn single_copy(&self, len: usize) -> bool {
+        self.single_from.is_some_and(|from| len >= from && len > 0)
+    }
+
     /// Reads the next slot of `ring` (from `peer`), part of a message that must be `len` bytes,
-    /// into `sink` at `offset`; the piece is `len - offset` bytes at most one slot.
+    /// into `dest` at `offset`; the piece is `len - offset` bytes at most one slot.
     fn take_piece(
         &self,
         pair: &Pair,
@@ -207,7 +301,7 @@ impl ShmTcpTransport {
         peer: usize,
         len: usize,
         offset: usize,
-        sink: Sink<'_>,
+        dest: &mut Dest<'_>,
     ) -> Result<()> {
         let (message_len, slot) = ring.peek();
         if message_len != len {
@@ -216,11 +310,223 @@ impl ShmTcpTransport {
             return Err(self.ctx.fail(e));
         }
         let piece = (len - offset).min(ring.slot_bytes());
-        sink(offset, &slot[..piece]);
+        dest.put(offset, &slot[..piece]);
         ring.release();
         pair.bell.ring();
         Ok(())
     }
+
+    /// Takes the message of `len` bytes that `peer` posted by reference in the next slot of
+    /// `ring`: reads it out of the peer's buffer into `dest` (a buffer at once, a sink piece by
+    /// piece), then tells the peer it may reuse its buffer.
+    fn take_reference(
+        &self,
+        pair: &Pair,
+        ring: &Ring,
+        peer: usize,
+        len: usize,
+        dest: &mut Dest<'_>,
+    ) -> Result<()> {
+        let (message_len, slot) = ring.peek();
+        let (at, posted) = reference_of(slot);
+        if message_len != len || posted != len {
+            let e = size_mismatch(self.ctx.rank(), peer, message_len, len);
+            return Err(self.ctx.fail(e));
+        }
+        ring.release();
+        pair.bell.ring();
+        let read = match dest {
+            Dest::Buffer(out, _) => cma::read(pair.pid, at, out),
+            Dest::Sink(sink) => {
+                let mut staging = pair.staging.lock().unwrap();
+                let piece_bytes = cma::PIECE_BYTES;
+                // u64s: the pieces are cast to slices of any element type.
+                let words = len.min(piece_bytes).div_ceil(8).max(staging.len());
+                staging.resize(words, 0);
+                let buffer: &mut [u8] = bytemuck::cast_slice_mut(&mut staging[..]);
+                (0..piece_count(len, piece_bytes)).try_for_each(|i| {
+                    let range = piece(len, piece_bytes, i);
+                    let buffer = &mut buffer[..range.len()];
+                    cma::read(pair.pid, at + range.start, buffer)?;
+                    sink(range.start, buffer);
+                    Ok(())
+                })
+            }
+        };
+        if let Err(e) = read {
+            let rank = self.ctx.rank();
+            return Err(self.ctx.fail(CommError::Backend(format!(
+                "rank {rank} could not read rank {peer}'s buffer by cross-memory attach: {e}"
+            ))));
+        }
+        ring.mark_done();
+        pair.bell.ring();
+        Ok(())
+    }
+
+    /// Both halves of a step with a shared-memory peer on each side (see `send_recv_with`):
+    /// `data` to `to` while `len` bytes from `from` go to `dest`, each by one copy or by the
+    /// ring as its size says.
+    fn exchange(
+        &self,
+        (to, out_pair): (usize, &Pair),
+        data: &[u8],
+        (from, in_pair): (usize, &Pair),
+        len: usize,
+        mut dest: Dest<'_>,
+    ) -> Result<()> {
+        let deadline = self.ctx.deadline();
+        self.ctx.check()?;
+        let outgoing = out_pair.outgoing.lock().unwrap();
+        let incoming = in_pair.incoming.lock().unwrap();
+        let (out_size, in_size) = (outgoing.slot_bytes(), incoming.slot_bytes());
+        let (send_ref, take_ref) = (self.single_copy(data.len()), self.single_copy(len));
+        let to_send = if send_ref {
+            1
+        } else {
+            piece_count(data.len(), out_size)
+        };
+        let to_take = if take_ref {
+            1
+        } else {
+            piece_count(len, in_size)
+        };
+        let (mut sent, mut taken) = (0, 0);
+        // The count of `done` that says the peer has read our posted buffer.
+        let mut awaiting: Option<u32> = None;
+        while sent < to_send || awaiting.is_some() || taken < to_take {
+            let can_send = |sent: usize| sent < to_send && outgoing.can_write();
+            let can_take = |taken: usize| taken < to_take && incoming.can_read();
+            let is_done = |awaiting: Option<u32>| awaiting.is_some_and(|t| outgoing.done() == t);
+            if !can_send(sent) && !can_take(taken) && !is_done(awaiting) {
+                // Only the peers still owed something: one that has all it needs from this
+                // rank may finish its part and exit.
+                let watch: Vec<_> = [
+                    (taken < to_take).then_some((from, "receiving from")),
+                    (sent < to_send || awaiting.is_some()).then_some((to, "sending to")),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                let ready = || can_send(sent) || can_take(taken) || is_done(awaiting);
+                self.wait(deadline, ready, &watch)?;
+            }
+            if can_send(sent) {
+                match send_ref {
+                    true => awaiting = Some(post_reference(&outgoing, data)),
+                    false => outgoing.write(data.len(), &data[piece(data.len(), out_size, sent)]),
+                }
+                out_pair.bell.ring();
+                sent += 1;
+            }
+            if can_take(taken) {
+                match take_ref {
+                    true => self.take_reference(in_pair, &incoming, from, len, &mut dest)?,
+                    false => {
+                        let offset = taken * in_size;
+                        self.take_piece(in_pair, &incoming, from, len, offset, &mut dest)?
+                    }
+                }
+                taken += 1;
+            }
+            if is_done(awaiting) {
+                awaiting = None;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks that this rank can read the memory of each of `peers` (their published probes), as
+/// the one-copy path will; `refuse` fails the check (a test's stand-in for a host that forbids
+/// it).
+fn readable_peers(scope: &Scoped, rank: usize, peers: &[usize], refuse: bool) -> Result<Readable> {
+    let mut pids = Vec::new();
+    for (&peer, published) in peers.iter().zip(scope.get_at("probe", peers)?) {
+        let checked = match refuse {
+            true => Err("refused (a test's stand-in for a host that forbids it)".to_string()),
+            false => cma::check(&String::from_utf8_lossy(&published)),
+        };
+        match checked {
+            Ok(pid) => pids.push((peer, pid)),
+            Err(why) => {
+                return Ok(Err(format!(
+                    "rank {rank} cannot read rank {peer}'s memory: {why}"
+                )))
+            }
+        }
+    }
+    Ok(Ok(pids))
+}
+
+/// The job-wide choice of copy: every rank says whether it can read its peers' memory, and the
+/// one-copy path is used only if every rank can (`--copy auto`; `single` fails saying who
+/// cannot). Returns the peers' pids, the size from which messages take one copy, and what the
+/// transport line adds.
+fn agree_on_copy(
+    scope: &Scoped,
+    rank: usize,
+    world_size: usize,
+    copy: CopyChoice,
+    readable: Readable,
+) -> Result<Copying> {
+    if copy == CopyChoice::Ring {
+        let note = "; two copies through its rings (--copy ring)";
+        return Ok(Copying::rings(note.into()));
+    }
+    let ours = match &readable {
+        Ok(_) => "yes".to_string(),
+        Err(why) => why.clone(),
+    };
+    scope.set_at("readable", rank, ours.as_bytes())?;
+    let answers = scope.get_at("readable", 0..world_size)?;
+    let refusal = answers
+        .iter()
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .find(|a| a != "yes");
+    match (refusal, readable) {
+        (None, Ok(pids)) => Ok(match copy {
+            CopyChoice::Single => Copying {
+                pids,
+                single_from: Some(1),
+                note: "; one copy for every message, by cross-memory attach (--copy single)".into(),
+            },
+            _ => Copying {
+                pids,
+                single_from: Some(cma::THRESHOLD_BYTES),
+                note: String::new(),
+            },
+        }),
+        (refusal, _) => {
+            let why = refusal.unwrap_or_default();
+            if copy == CopyChoice::Single {
+                return Err(CommError::Backend(format!(
+                    "--copy single: {why} (--copy ring or auto runs without it)"
+                )));
+            }
+            Ok(Copying::rings(format!(
+                "; two copies through its rings: {why}"
+            )))
+        }
+    }
+}
+
+/// Posts `data` by reference in the next slot of `ring` (which must have one free): its address
+/// and length, for the receiver to read it itself. Returns the count of `done` that says the
+/// receiver has; `data` must stay as it is until then.
+fn post_reference(ring: &Ring, data: &[u8]) -> u32 {
+    let target = ring.done().wrapping_add(1);
+    let mut posted = [0u8; 16];
+    posted[..8].copy_from_slice(&(data.as_ptr() as u64).to_ne_bytes());
+    posted[8..].copy_from_slice(&(data.len() as u64).to_ne_bytes());
+    ring.write(data.len(), &posted);
+    target
+}
+
+/// The address and length [`post_reference`] wrote in `slot`.
+fn reference_of(slot: &[u8]) -> (usize, usize) {
+    let word = |at: usize| u64::from_ne_bytes(slot[at..at + 8].try_into().unwrap()) as usize;
+    (word(0), word(8))
 }
 
 /// Where ring of `sender` sits in `receiver`'s inbox: the sender's place among the receiver's
@@ -448,6 +754,13 @@ impl Transport for ShmTcpTransport {
         let deadline = self.ctx.deadline();
         self.ctx.check()?;
         let ring = pair.outgoing.lock().unwrap();
+        if self.single_copy(data.len()) {
+            let watch = &[(peer, "sending to")];
+            self.wait(deadline, || ring.can_write(), watch)?;
+            let target = post_reference(&ring, data);
+            pair.bell.ring();
+            return self.wait(deadline, || ring.done() == target, watch);
+        }
         let size = ring.slot_bytes();
         for i in 0..piece_count(data.len(), size) {
             self.wait(deadline, || ring.can_write(), &[(peer, "sending to")])?;
@@ -465,27 +778,36 @@ impl Transport for ShmTcpTransport {
         self.ctx.check()?;
         let ring = pair.incoming.lock().unwrap();
         let (len, size) = (out.len(), ring.slot_bytes());
-        let stores = Stores::for_destination(len);
+        let single = self.single_copy(len);
+        let mut dest = Dest::Buffer(out, Stores::for_destination(len));
+        if single {
+            self.wait(deadline, || ring.can_read(), &[(peer, "receiving from")])?;
+            return self.take_reference(pair, &ring, peer, len, &mut dest);
+        }
         for i in 0..piece_count(len, size) {
             self.wait(deadline, || ring.can_read(), &[(peer, "receiving from")])?;
-            let sink = &mut |offset: usize, piece: &[u8]| {
-                copy(stores, &mut out[offset..offset + piece.len()], piece)
-            };
-            self.take_piece(pair, &ring, peer, len, i * size, sink)?;
+            self.take_piece(pair, &ring, peer, len, i * size, &mut dest)?;
         }
         Ok(())
     }
 
     fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
-        let (len, stores) = (out.len(), Stores::for_destination(out.len()));
-        self.send_recv_with(to, data, from, len, &mut |offset, piece| {
-            copy(stores, &mut out[offset..offset + piece.len()], piece)
-        })
+        let (Some(out_pair), Some(in_pair)) = (&self.pairs[to], &self.pairs[from]) else {
+            let (len, stores) = (out.len(), Stores::for_destination(out.len()));
+            return threaded_send_recv_with(self, to, data, from, len, &mut |offset, piece| {
+                copy(stores, &mut out[offset..offset + piece.len()], piece)
+            });
+        };
+        let len = out.len();
+        let dest = Dest::Buffer(out, Stores::for_destination(len));
+        self.exchange((to, out_pair), data, (from, in_pair), len, dest)
     }
 
     /// Between two shared-memory peers, one thread does both halves: it fills a slot of the
     /// next rank whenever one is free and takes one from the previous rank whenever one is
     /// full, so the peer's copy of the next piece overlaps this rank's work on the current one.
+    /// A message that goes by one copy takes one slot, its address, and the sender waits until
+    /// the receiver has read it.
     fn send_recv_with(
         &self,
         to: usize,
@@ -497,39 +819,7 @@ impl Transport for ShmTcpTransport {
         let (Some(out_pair), Some(in_pair)) = (&self.pairs[to], &self.pairs[from]) else {
             return threaded_send_recv_with(self, to, data, from, len, sink);
         };
-        let deadline = self.ctx.deadline();
-        self.ctx.check()?;
-        let outgoing = out_pair.outgoing.lock().unwrap();
-        let incoming = in_pair.incoming.lock().unwrap();
-        let (out_size, in_size) = (outgoing.slot_bytes(), incoming.slot_bytes());
-        let (to_send, to_take) = (piece_count(data.len(), out_size), piece_count(len, in_size));
-        let (mut sent, mut taken) = (0, 0);
-        while sent < to_send || taken < to_take {
-            let can_send = || sent < to_send && outgoing.can_write();
-            let can_take = || taken < to_take && incoming.can_read();
-            if !can_send() && !can_take() {
-                // Only the peers still owed something: one that has all it needs from this
-                // rank may finish its part and exit.
-                let watch: Vec<_> = [
-                    (taken < to_take).then_some((from, "receiving from")),
-                    (sent < to_send).then_some((to, "sending to")),
-                ]
-                .into_iter()
-                .flatten()
-                .collect();
-                self.wait(deadline, || can_send() || can_take(), &watch)?;
-            }
-            if can_send() {
-                outgoing.write(data.len(), &data[piece(data.len(), out_size, sent)]);
-                out_pair.bell.ring();
-                sent += 1;
-            }
-            if can_take() {
-                self.take_piece(in_pair, &incoming, from, len, taken * in_size, sink)?;
-                taken += 1;
-            }
-        }
-        Ok(())
+        self.exchange((to, out_pair), data, (from, in_pair), len, Dest::Sink(sink))
     }
 
     fn begin_call(&self) -> bool {

@@ -9,9 +9,13 @@
 //! yields, then sleeps on its doorbell with a futex. Whoever frees a slot or fills one rings the
 //! doorbell of the rank that may wait for it, and makes a system call only when that rank sleeps.
 //!
+//! A third counter, `done`, serves the one-copy path ([`super::cma`]): the sender posts the
+//! address and length of its buffer as a small message in the ring, and the receiver, once it
+//! has read that buffer itself, counts it `done`; only then may the sender return.
+//!
 //! ```text
 //! inbox: | header (magic, token, geometry; doorbell) | ring 0 | ring 1 | …   (one per sending peer)
-//! ring:  | head | tail | slot lengths | slot 0 | slot 1 | …                  (each slot_bytes long)
+//! ring:  | head | tail | slot lengths | done | slot 0 | slot 1 | …                  (each slot_bytes long)
 //! ```
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -19,8 +23,8 @@ use std::time::Duration;
 
 use crate::streaming::{copy, Stores};
 
-/// Identifies an inbox of ours, version 1.
-const MAGIC: [u8; 8] = *b"NCWSHM01";
+/// Identifies an inbox of ours, version 2 (with `done`).
+const MAGIC: [u8; 8] = *b"NCWSHM02";
 /// Header and each ring's control block: one page each, so slot data starts page-aligned.
 const PAGE: usize = 4096;
 /// Cache line: counters written by different ranks live on different lines.
@@ -34,6 +38,8 @@ const SLEEPERS_AT: usize = 2 * LINE;
 const HEAD_AT: usize = 0;
 const TAIL_AT: usize = LINE;
 const LENGTHS_AT: usize = 2 * LINE;
+/// Messages the receiver has read from the sender's own buffer (one-copy path).
+const DONE_AT: usize = 3 * LINE;
 
 /// How an inbox is cut: `rings` rings of `slots` slots of `slot_bytes` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +59,7 @@ impl Geometry {
     pub(crate) fn for_peers(peers: usize) -> Geometry {
         const SLOTS: usize = 2;
         const INBOX_BYTES: usize = 8 << 20;
-        const _: () = assert!(LENGTHS_AT + 8 * SLOTS <= PAGE);
+        const _: () = assert!(LENGTHS_AT + 8 * SLOTS <= DONE_AT && DONE_AT + LINE <= PAGE);
         let slot_bytes = (INBOX_BYTES / (peers.max(1) * SLOTS)).clamp(64 << 10, 512 << 10);
         Geometry {
             rings: peers,
@@ -240,6 +246,19 @@ impl Ring {
         // alone until release moves tail past it.
         let bytes = unsafe { std::slice::from_raw_parts(self.slot(tail), self.slot_bytes) };
         (len as usize, bytes)
+    }
+
+    /// Writer: how many messages posted by reference the reader has finished with.
+    pub(crate) fn done(&self) -> u32 {
+        self.counter(DONE_AT).load(Ordering::Acquire)
+    }
+
+    /// Reader: the sender's buffer of the message posted by reference is read; the sender may
+    /// reuse it.
+    pub(crate) fn mark_done(&self) {
+        let done = self.counter(DONE_AT).load(Ordering::Relaxed);
+        self.counter(DONE_AT)
+            .store(done.wrapping_add(1), Ordering::Release);
     }
 
     /// Reader: gives the slot [`peek`](Self::peek) showed back to the writer.
