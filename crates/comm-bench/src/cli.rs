@@ -304,7 +304,7 @@ pub struct BenchArgs {
 
     /// How the CPU backend's ranks of one host move large messages: one copy (single: the
     /// receiver reads the sender's buffer, cross-memory attach) or two (ring: through shared
-    /// memory); auto from a measured size up, where every pair can.
+    /// memory); auto where it was measured to win, and every pair can.
     #[arg(long, value_enum, default_value_t = comm_core::backend::cpu::CopyChoice::Auto)]
     pub copy: comm_core::backend::cpu::CopyChoice,
 

@@ -120,7 +120,8 @@ pub struct LaunchArgs {
 
     /// How CPU ranks of one host move large messages: one copy, the receiver reading the
     /// sender's buffer (cross-memory attach, as NCCL's P2P transport), or two through shared
-    /// memory (as NCCL's SHM). auto takes one copy from a measured size up, where every pair can.
+    /// memory (as NCCL's SHM). auto takes one copy only where it was measured to win, and
+    /// every pair can.
     #[arg(long, value_enum, default_value_t = CopyChoice::Auto)]
     pub copy: CopyChoice,
 

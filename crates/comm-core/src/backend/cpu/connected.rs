@@ -20,8 +20,9 @@ pub enum TransportChoice {
 /// and NCCL_SHM_DISABLE choose between NCCL's P2P and SHM transports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum CopyChoice {
-    /// One copy (cross-memory attach) from the measured threshold up, where every pair of the
-    /// job's hosts can read each other's memory; two copies through the rings otherwise.
+    /// One copy (cross-memory attach) from the size where it was measured to win, where every
+    /// pair of the job's hosts can read each other's memory; two copies through the rings
+    /// otherwise (on the 2-core VM it was measured on, one copy lost at every size: the rings).
     Auto,
     /// One copy for every message: the receiver reads the sender's buffer itself
     /// (`process_vm_readv`); an error where a pair cannot.

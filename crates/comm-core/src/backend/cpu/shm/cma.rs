@@ -7,19 +7,33 @@
 //! `kernel.yama.ptrace_scope` 0; at 1 only if the sender named the reader, or anyone, with
 //! `PR_SET_PTRACER`, which [`allow_peers`] does, as Open MPI does; at 2 and 3 never). Whether it
 //! works is tested at connect time, by reading a token from every peer of the host; the job uses
-//! it only if every pair can (see `shm::agree_on_copy`).
+//! it only if every pair can (see `shm::agree_on_copy`), and under `--copy auto` only where it
+//! was measured to win ([`THRESHOLD_BYTES`]: nowhere on the machine this was written on).
 
 use std::io;
 
-/// Messages of this many bytes or more go by one copy under `--copy auto`; smaller ones through
-/// the rings. Measured on this 2-core EPYC VM (2 ranks, in place, `comm-bench --backend cpu
-/// --transport shm -z 3 --copy ring|single`, alternating, median of rounds): see
-/// [`THRESHOLD_FIGURES`].
-pub(crate) const THRESHOLD_BYTES: usize = 256 << 10;
-
-/// The figures behind [`THRESHOLD_BYTES`] (µs, ring / single copy), for the record.
-#[allow(dead_code)]
-pub(crate) const THRESHOLD_FIGURES: &str = "to be measured";
+/// From what size messages go by one copy under `--copy auto`; `None`: none does, the rings
+/// carry all. Measured on this 2-core EPYC VM, 2 ranks, in place, `comm-bench --backend cpu
+/// --transport shm -z 3 -n 5 --world-sizes 2 --collectives broadcast,all_gather,all_reduce -b 1M
+/// -e 100M -f 10`, `--copy ring` and `--copy single` alternating, median of 3 rounds (µs):
+///
+/// | collective | bytes | ring | single copy | memcpy of the bytes |
+/// |---|---|---|---|---|
+/// | broadcast  | 1 MiB   | 36    | 75    | 15   |
+/// | broadcast  | 10 MiB  | 550   | 1214  | 229-252 |
+/// | broadcast  | 100 MiB | 11247 | 15963 | 4826-6478 |
+/// | all_gather | 1 MiB   | 33    | 78    |      |
+/// | all_gather | 10 MiB  | 605   | 1083  |      |
+/// | all_gather | 100 MiB | 9528  | 14565 |      |
+/// | all_reduce | 1 MiB   | 81    | 179   |      |
+/// | all_reduce | 10 MiB  | 1381  | 2509  |      |
+/// | all_reduce | 100 MiB | 18503 | 35089 |      |
+///
+/// One copy lost everywhere, by 1.4-2.2x: `process_vm_readv` pins the sender's pages a few at a
+/// time (16 per batch in the kernel, each batch under the mm lock) and copies at about 6.5 GB/s
+/// here, where the rings' two cached copies, each rank making one while the other makes the
+/// other, reach 9-10 GB/s. So auto keeps the rings; a host where one copy wins sets a size here.
+pub(crate) const THRESHOLD_BYTES: Option<usize> = None;
 
 /// The piece a reduction takes at a time from a peer's buffer: read into a buffer of this size
 /// that stays in the cache, and handed to the sink while the next is read.

@@ -493,7 +493,7 @@ fn agree_on_copy(
             },
             _ => Copying {
                 pids,
-                single_from: Some(cma::THRESHOLD_BYTES),
+                single_from: cma::THRESHOLD_BYTES,
                 note: String::new(),
             },
         }),
