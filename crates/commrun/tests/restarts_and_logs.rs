@@ -150,6 +150,9 @@ fn as_worker() -> ! {
     let settings = args.launch.settings(&MasterArgs::default(), &[]);
     let code = launch::run(&settings, |comm| {
         println!("rank {} met the others on start {start}", comm.rank());
+        // Every rank has said so before rank 1 leaves: a rank that vanishes ends the others at
+        // once, wherever they are.
+        comm.barrier()?;
         if comm.rank() == 1 && start == "0" {
             eprintln!("rank 1 fails after the rendezvous");
             std::process::exit(3);
