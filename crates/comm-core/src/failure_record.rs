@@ -158,6 +158,30 @@ pub fn reported() -> bool {
     REPORTED.load(Ordering::SeqCst)
 }
 
+/// Ends the process with `code` at once, as PyTorch's watchdog does: `_exit`, never `exit`,
+/// because another thread may be inside NCCL or CUDA, and `exit` would run libnccl's and
+/// libcuda's atexit handlers and static destructors under that live call. Only stdout is flushed
+/// first, if that can be done within 100 ms (the main thread may hold its lock, blocked on a
+/// full pipe).
+pub fn exit_now(code: i32) -> ! {
+    let (flushed, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let _ = flushed.send(());
+    });
+    let _ = done.recv_timeout(std::time::Duration::from_millis(100));
+    // SAFETY: `_exit` has no preconditions; it ends the process at once, on purpose without
+    // running destructors of a library that another thread may be inside.
+    unsafe { libc::_exit(code) }
+}
+
+/// Reports `error` as this rank's failure (the record included), then [`exit_now`]: for a
+/// thread stuck inside NCCL (the watchdog's end, an init that outlived the timeout).
+pub fn end_process(rank: usize, error: &CommError) -> ! {
+    exit_now(report_failure(rank, error))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -240,10 +240,7 @@ impl Job {
 /// created and has not yet unlinked go first, so nothing is left in /dev/shm. Rank 0 serves the
 /// store a moment longer (up to 1 s), until the other ranks have read why the job ended and left.
 ///
-/// The exit is `_exit`, as PyTorch's watchdog ends a process: the rank's own thread may be
-/// inside NCCL or CUDA right now, and `exit` would run libnccl's and libcuda's static destructors
-/// and atexit handlers under that live call. Only stdout is flushed first (within 100 ms: the
-/// main thread may hold its lock, blocked on a full pipe).
+/// The exit is [`crate::failure_record::exit_now`]: the rank's own thread may be inside NCCL or CUDA.
 fn stop_now(rank: usize, error: &CommError, server: Option<&StoreServer>) {
     if crate::failure_record::reported() {
         return;
@@ -254,23 +251,8 @@ fn stop_now(rank: usize, error: &CommError, server: Option<&StoreServer>) {
         // This rank's own two connections (requests and the watcher) stay open till the exit.
         server.wait_until_at_most(2, LINGER);
     }
-    exit_now(code);
+    crate::failure_record::exit_now(code);
 }
 
 /// At most this long rank 0 keeps serving the store after it failed or the job ended under it.
 const LINGER: Duration = Duration::from_secs(1);
-
-/// Ends the process with `code` without running atexit handlers or static destructors (see
-/// [`stop_now`]), after flushing stdout if that can be done within 100 ms.
-pub fn exit_now(code: i32) -> ! {
-    let (flushed, done) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
-        let _ = flushed.send(());
-    });
-    let _ = done.recv_timeout(Duration::from_millis(100));
-    // SAFETY: `_exit` has no preconditions; it ends the process at once, on purpose without
-    // running destructors of a library that another thread may be inside.
-    unsafe { libc::_exit(code) }
-}

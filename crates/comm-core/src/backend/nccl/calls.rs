@@ -16,10 +16,11 @@ use super::group_safe::{self, GroupSafe, Groups};
 use super::id::{id_from_bytes, new_unique_id};
 use super::init::init_rank;
 use super::probe::quietly;
-use super::watchdog::{self, async_state, end_process, Arming, Watchdog};
+use super::watchdog::{self, async_state, Arming, Watchdog};
 use crate::collective::{Call, Collective};
 use crate::dtype::Element;
 use crate::error::{CommError, Result};
+use crate::failure_record::end_process;
 use crate::store::Scoped;
 
 /// One rank's NCCL communicator (a blocking one: calls are enqueued on this thread), its GPU

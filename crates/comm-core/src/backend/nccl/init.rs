@@ -17,8 +17,8 @@ use cudarc::driver::CudaContext;
 use cudarc::nccl::{result, sys};
 
 use super::errors::nccl;
-use super::watchdog::end_process;
 use crate::error::{CommError, Result};
+use crate::failure_record::end_process;
 
 /// The first NCCL with communicator configs (`ncclCommInitRankConfig`).
 const CONFIG_SINCE: i32 = 21400;

@@ -235,15 +235,6 @@ impl Drop for Arming<'_> {
     }
 }
 
-/// Ends the process after reporting `error` as the rank's failure (the error record included),
-/// for a thread stuck inside NCCL: the watchdog's end, and an init that outlived the timeout.
-pub(super) fn end_process(rank: usize, error: &crate::error::CommError) -> ! {
-    let code = crate::failure_record::report_failure(rank, error);
-    // SAFETY: _exit has no preconditions. Not exit(): its handlers and static destructors
-    // (libnccl's and libcuda's among them) would run while a thread is still inside NCCL.
-    unsafe { libc::_exit(code) }
-}
-
 /// Whether a call due at `deadline_ns` is stuck at `now_ns`: `grace` past its deadline.
 fn stuck_at(deadline_ns: u64, grace: Duration, now_ns: u64) -> bool {
     let grace = u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX);
