@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use inboxes::{host_ranks, share_memory, summary, unmapped_peers, Shared};
-use ring::{Doorbell, Ring};
+use ring::{Doorbell, Inbox, Ring};
 use segment::Segment;
 
 use super::connected::{Connected, CopyChoice, TransportChoice, Wiring};
@@ -155,14 +155,7 @@ pub(super) fn connect(tcp: TcpTransport, scope: &Scoped, wiring: Wiring) -> Resu
     let scope = scope.scoped("shm");
     let host = host_ranks(&scope, rank)?;
     if choice == TransportChoice::Shm && host.len() < world_size {
-        let others = (0..world_size).filter(|r| !host.contains(r));
-        return Err(CommError::Usage(format!(
-            "--transport shm: rank {rank} shares its host with ranks {} only, and ranks {} \
-             run elsewhere; shared memory joins the ranks of one host (--transport auto uses \
-             it within each host and TCP between hosts)",
-            crate::error::rank_list(host.iter().copied()),
-            crate::error::rank_list(others)
-        )));
+        return Err(ranks_elsewhere(rank, world_size, &host));
     }
     let peers: Vec<usize> = host.iter().copied().filter(|&r| r != rank).collect();
     // Kept until every rank has said whether it could read it (agree_on_copy).
@@ -203,19 +196,7 @@ pub(super) fn connect(tcp: TcpTransport, scope: &Scoped, wiring: Wiring) -> Resu
         single_from,
         note,
     } = agree_on_copy(&scope, rank, world_size, wiring.copy, readable)?;
-    let mut pairs: Vec<Option<Pair>> = (0..world_size).map(|_| None).collect();
-    for (peer, theirs) in &mapped {
-        pairs[*peer] = Some(Pair {
-            outgoing: Mutex::new(theirs.ring(ring_index(&host, rank, *peer))),
-            incoming: Mutex::new(own.ring(ring_index(&host, *peer, rank))),
-            bell: theirs.doorbell(),
-            pid: pids
-                .iter()
-                .find(|(p, _)| p == peer)
-                .map_or(0, |(_, pid)| *pid),
-            staging: Mutex::new(Vec::new()),
-        });
-    }
+    let pairs = pairs(rank, world_size, &host, &own, &mapped, &pids);
     let mut why = summary(rank, world_size, mapped.len(), host.len());
     if !mapped.is_empty() {
         why.push_str(&note);
@@ -232,6 +213,45 @@ pub(super) fn connect(tcp: TcpTransport, scope: &Scoped, wiring: Wiring) -> Resu
         transport: Box::new(transport),
         why,
     })
+}
+
+/// The error for `--transport shm` where some ranks run on other hosts than this one's `host`.
+fn ranks_elsewhere(rank: usize, world_size: usize, host: &[usize]) -> CommError {
+    let others = (0..world_size).filter(|r| !host.contains(r));
+    CommError::Usage(format!(
+        "--transport shm: rank {rank} shares its host with ranks {} only, and ranks {} \
+         run elsewhere; shared memory joins the ranks of one host (--transport auto uses \
+         it within each host and TCP between hosts)",
+        crate::error::rank_list(host.iter().copied()),
+        crate::error::rank_list(others)
+    ))
+}
+
+/// This rank's pair with every peer whose inbox it mapped (`None` for the others): its ring in
+/// the peer's inbox, the peer's ring in its own, the peer's doorbell and pid (0 where the job
+/// sends no message by single copy).
+fn pairs(
+    rank: usize,
+    world_size: usize,
+    host: &[usize],
+    own: &Inbox,
+    mapped: &[(usize, Inbox)],
+    pids: &[(usize, i32)],
+) -> Vec<Option<Pair>> {
+    let mut pairs: Vec<Option<Pair>> = (0..world_size).map(|_| None).collect();
+    for (peer, theirs) in mapped {
+        pairs[*peer] = Some(Pair {
+            outgoing: Mutex::new(theirs.ring(ring_index(host, rank, *peer))),
+            incoming: Mutex::new(own.ring(ring_index(host, *peer, rank))),
+            bell: theirs.doorbell(),
+            pid: pids
+                .iter()
+                .find(|(p, _)| p == peer)
+                .map_or(0, |(_, pid)| *pid),
+            staging: Mutex::new(Vec::new()),
+        });
+    }
+    pairs
 }
 
 impl ShmTcpTransport {
