@@ -131,40 +131,47 @@ fn a_rank_killed_while_the_others_meet_and_connect_is_named_at_once() {
     );
 }
 
+/// Three ranks started by hand loop on all_reduce; `victim` is killed in the middle. Every
+/// survivor must fail within [`NEWS`], without a panic: their stderr by rank, the pids, the port.
+fn kill_mid_collective(test: &str, victim: usize) -> (Vec<(usize, String)>, Vec<i32>, u16) {
+    let dir = scratch(&format!("vanished-collective-{victim}"));
+    let port = comm_core::spawn::free_port().unwrap();
+    let ranks: Vec<Running> = (0..3)
+        .map(|r| rank(test, "collective", r, 3, port, &dir))
+        .collect();
+    let pids = reached(&dir, "connected", &[0, 1, 2]);
+    std::thread::sleep(Duration::from_millis(300));
+    kill(pids[victim]);
+    let since = Instant::now();
+    let mut survivors = Vec::new();
+    for (survivor, running) in ranks.into_iter().enumerate().filter(|(r, _)| *r != victim) {
+        let finished = running.finish(Duration::from_secs(30));
+        let stderr = finished.stderr;
+        assert_ne!(finished.status.code(), Some(0), "{stderr}");
+        let took = since.elapsed();
+        assert!(took < NEWS, "rank {survivor} took {took:?}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        survivors.push((survivor, stderr));
+    }
+    assert_all_gone(&pids);
+    (survivors, pids, port)
+}
+
 #[test]
 fn a_rank_killed_in_a_collective_is_named_at_once() {
     const TEST: &str = "a_rank_killed_in_a_collective_is_named_at_once";
     if let Ok(scenario) = std::env::var("SCENARIO") {
         as_rank(&scenario);
     }
-    let dir = scratch("vanished-collective");
-    let port = comm_core::spawn::free_port().unwrap();
-    let ranks: Vec<Running> = (0..3)
-        .map(|r| rank(TEST, "collective", r, 3, port, &dir))
-        .collect();
-    let pids = reached(&dir, "connected", &[0, 1, 2]);
-    std::thread::sleep(Duration::from_millis(300));
-    kill(pids[2]);
-    let since = Instant::now();
-    let mut ranks = ranks.into_iter();
-    for survivor in [0, 1] {
-        let finished = ranks.next().unwrap().finish(Duration::from_secs(30));
-        let stderr = finished.stderr;
-        assert_ne!(finished.status.code(), Some(0), "{stderr}");
-        assert!(
-            since.elapsed() < NEWS,
-            "rank {survivor} took {:?}",
-            since.elapsed()
-        );
+    let (survivors, pids, _) = kill_mid_collective(TEST, 2);
+    for (survivor, stderr) in survivors {
         // Its shared-memory link to rank 2 may tell first, or the store: either names rank 2.
         assert!(
             stderr.contains(&format!("rank 2 (pid {} at ", pids[2]))
                 || stderr.contains("rank 2 closed its connection"),
             "rank {survivor}:\n{stderr}"
         );
-        assert!(!stderr.contains("panicked"), "{stderr}");
     }
-    assert_all_gone(&pids);
 }
 
 #[test]
@@ -173,33 +180,15 @@ fn the_stores_own_rank_killed_in_a_collective_is_named_at_once() {
     if let Ok(scenario) = std::env::var("SCENARIO") {
         as_rank(&scenario);
     }
-    let dir = scratch("vanished-store");
-    let port = comm_core::spawn::free_port().unwrap();
-    let ranks: Vec<Running> = (0..3)
-        .map(|r| rank(TEST, "collective", r, 3, port, &dir))
-        .collect();
-    let pids = reached(&dir, "connected", &[0, 1, 2]);
-    std::thread::sleep(Duration::from_millis(300));
-    kill(pids[0]);
-    let since = Instant::now();
-    for (survivor, running) in ranks.into_iter().enumerate().skip(1) {
-        let finished = running.finish(Duration::from_secs(30));
-        let stderr = finished.stderr;
-        assert_ne!(finished.status.code(), Some(0), "{stderr}");
-        assert!(
-            since.elapsed() < NEWS,
-            "rank {survivor} took {:?}",
-            since.elapsed()
-        );
+    let (survivors, _, port) = kill_mid_collective(TEST, 0);
+    for (survivor, stderr) in survivors {
         // The store went with rank 0 (its host named by the endpoint), or a link to it closed.
         assert!(
             stderr.contains(&format!("lost the rendezvous store at 127.0.0.1:{port}"))
                 || stderr.contains("rank 0 closed its connection"),
             "rank {survivor}:\n{stderr}"
         );
-        assert!(!stderr.contains("panicked"), "{stderr}");
     }
-    assert_all_gone(&pids);
 }
 
 #[test]
