@@ -77,7 +77,7 @@ trap 'rm -rf "$work"' EXIT
 # "collective:bytes" argument, WARMUP untimed calls, then ITERS times a barrier and one timed
 # call; each iteration's slowest rank (MPI_MAX) after the loop, in both placements; rank 0 writes
 # "collective bytes median_us other_placement_median_us" lines to the file named by its first
-# argument.
+# argument, and the median memcpy of the case's bytes on rank 0 (the one-copy bound).
 cat >"$work/mpi-bench.c" <<'C'
 #include <limits.h>
 #include <mpi.h>
@@ -146,6 +146,21 @@ static double median_us(int kind, int in_place, unsigned long long whole, unsign
   return slowest[iters / 2] * 1e6;
 }
 
+/* The one-copy bound: the median of ITERS memcpy calls of `whole` floats on this core, after
+   WARMUP untimed ones (the pages are written before, as the collectives' are). */
+static double memcpy_us(unsigned long long whole, long iters, long warmup, double *times) {
+  float *from = ones(whole), *to = ones(whole);
+  for (long i = -warmup; i < iters; i++) {
+    double t0 = MPI_Wtime();
+    memcpy(to, from, whole * sizeof *to);
+    if (i >= 0) times[i] = MPI_Wtime() - t0;
+  }
+  free(from);
+  free(to);
+  qsort(times, iters, sizeof *times, earlier);
+  return times[iters / 2] * 1e6;
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -173,7 +188,9 @@ int main(int argc, char **argv) {
     /* Both placements: the compared one (ours is compared at it) first, then the other. */
     double compared = median_us(kind, kind < 2, whole, piece, iters, warmup, times, slowest);
     double other = median_us(kind, kind >= 2, whole, piece, iters, warmup, times, slowest);
-    if (rank == 0) fprintf(out, "%s %llu %.3f %.3f\n", name, bytes, compared, other);
+    if (rank == 0)
+      fprintf(out, "%s %llu %.3f %.3f %.3f\n", name, bytes, compared, other,
+              memcpy_us(whole, iters, warmup, times));
   }
   if (out && fclose(out) != 0) die("cannot write ", argv[1]);
   MPI_Finalize();
@@ -203,6 +220,26 @@ echo "# ours: comm-bench --backend cpu${TRANSPORT:+ --transport $TRANSPORT}; Ope
   "$ITERS iterations after $WARMUP warm-up, slowest rank's"
 echo
 print_table OpenMPI
+
+# The one-copy bound: no way of moving the bytes between two processes beats one memcpy of them
+# (rank 0's, timed after the collectives of the same size, in the same run).
+echo
+echo "| collective | ranks | size | placement | ours (ms) | memcpy of the bytes (ms) | ours / memcpy |"
+echo "|---|---:|---:|---|---:|---:|---:|"
+awk -v order="$list" '
+  FILENAME == ARGV[1] { copy[$1 " " $2 " " $3] = $6; next }
+  { rows[++count] = $0 }
+  END {
+    split(order, names, ",")
+    for (k = 1; names[k] != ""; k++)
+      for (i = 1; i <= count; i++) {
+        split(rows[i], f, " ")
+        key = f[1] " " f[3] " " f[4]
+        if (f[3] != names[k] || !(key in copy) || copy[key] <= 0) continue
+        printf "| %s | %s | %s | %s | %.3f | %.3f | %.2f |\n", f[3], f[1], f[2], f[5], f[6] / 1000,
+          copy[key] / 1000, f[6] / copy[key]
+      }
+  }' "$work/theirs" "$work/ours"
 
 # What out of place costs over in place, on both sides: a copy that only one side paid for would
 # show here.

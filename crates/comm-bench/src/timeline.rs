@@ -72,6 +72,8 @@ fn colour(kind: &str) -> &'static str {
         "sendrecv" => "#c7a4e0",
         "reduce" => "#f0a05a",
         "copy" => "#f3e27a",
+        "ring" => "#fbf3c4",
+        "read" => "#4fb6b0",
         "gpu" => "#76b900",
         _ => "#cccccc",
     }
@@ -80,23 +82,28 @@ fn colour(kind: &str) -> &'static str {
 /// The timeline of `slices` and `arrows` as SVG text.
 pub fn svg(slices: &[Slice], arrows: &[Arrow]) -> String {
     let ranks = slices.iter().map(|s| s.rank + 1).max().unwrap_or(1);
-    let t0 = slices.iter().map(|s| s.start).fold(f64::INFINITY, f64::min);
+    let first = slices.iter().map(|s| s.start).fold(f64::INFINITY, f64::min);
     let t1 = slices
         .iter()
         .map(|s| s.end)
         .fold(f64::NEG_INFINITY, f64::max);
+    let t0 = start_of_work(slices, first, t1);
     let span = (t1 - t0).max(1.0);
-    let x = |t: f64| LEFT + (t - t0) / span * (WIDTH - LEFT - 20.0);
+    // A slice that began before the picture does is drawn from its left edge.
+    let x = |t: f64| LEFT + (t.max(t0) - t0) / span * (WIDTH - LEFT - 20.0);
     let lane = |rank: usize| TOP + rank as f64 * LANE_H;
-    let height = TOP + ranks as f64 * LANE_H + 40.0;
+    // Room under the axis for the line saying what was cut, where something was.
+    let height = TOP + ranks as f64 * LANE_H + if t0 > first { 56.0 } else { 40.0 };
     let mut out = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" \
          font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" \
          fill=\"white\"/>\n<defs><marker id=\"head\" markerWidth=\"8\" markerHeight=\"8\" \
          refX=\"7\" refY=\"4\" orient=\"auto\"><path d=\"M0,0 L8,4 L0,8 z\" \
-         fill=\"#333\"/></marker></defs>\n<text x=\"10\" y=\"20\" fill=\"#446\">grey: a \
+         fill=\"#333\"/></marker></defs>\n<text x=\"10\" y=\"16\" fill=\"#446\">grey: a \
          collective call; blue: send; green: receive; purple: send and receive at once; \
-         orange: reducing what arrived; yellow: a local copy; arrows: messages</text>\n"
+         arrows: messages</text>\n<text x=\"10\" y=\"31\" fill=\"#446\">orange: reducing \
+         what arrived; yellow: a local copy; pale yellow: into or out of a shared-memory ring; \
+         teal: reading the sender's buffer (one copy)</text>\n"
     );
     for rank in 0..ranks {
         let y = lane(rank);
@@ -139,9 +146,34 @@ pub fn svg(slices: &[Slice], arrows: &[Arrow]) -> String {
             lane(a.to.0) + LANE_H / 2.0
         );
     }
-    axis(&mut out, t0, span, height - 30.0, &x);
+    axis(&mut out, t0, span, TOP + ranks as f64 * LANE_H + 10.0, &x);
+    if t0 > first {
+        let _ = writeln!(
+            out,
+            "<text x=\"{LEFT}\" y=\"{}\" fill=\"#446\">The ranks entered their first call {:.0} µs \
+             apart: the picture starts as the last one enters, the wait before it cut.</text>",
+            height - 4.0,
+            t0 - first
+        );
+    }
     out.push_str("</svg>\n");
     out
+}
+
+/// Where the picture starts: at the first event, unless the ranks entered their first call so
+/// far apart (a rank still starting up) that the wait would take most of the picture; then just
+/// before the last rank entered it, so that the work, not the start-up, fills the width.
+fn start_of_work(slices: &[Slice], first: f64, last: f64) -> f64 {
+    let mut entered: HashMap<usize, f64> = HashMap::new();
+    for s in slices.iter().filter(|s| s.kind == "call") {
+        let at = entered.entry(s.rank).or_insert(s.start);
+        *at = at.min(s.start);
+    }
+    let arrived = entered.values().copied().fold(first, f64::max);
+    match arrived - first > (last - first) / 3.0 {
+        true => arrived - (last - arrived) * 0.03,
+        false => first,
+    }
 }
 
 /// The time axis: five ticks from the first event, in microseconds.
@@ -214,5 +246,40 @@ mod tests {
         assert_eq!(picture.matches("<rect x=").count(), 3);
         assert_eq!(picture.matches("marker-end").count(), 1);
         assert!(picture.contains("rank 1"));
+        assert!(
+            !picture.contains("apart"),
+            "no rank waited long: nothing cut"
+        );
+    }
+
+    /// A rank that entered its call long after the other: the picture starts as it enters, the
+    /// first rank's slice drawn from the left edge, and says what was cut.
+    #[test]
+    fn a_late_rank_start_is_cut_from_the_picture() {
+        let slice = |rank, kind: &str, start, end| Slice {
+            rank,
+            kind: kind.into(),
+            name: String::new(),
+            start,
+            end,
+        };
+        let slices = [
+            slice(0, "call", 0.0, 1000.0),
+            slice(1, "call", 900.0, 1000.0),
+            slice(1, "read", 910.0, 990.0),
+        ];
+        assert_eq!(start_of_work(&slices, 0.0, 1000.0), 900.0 - 100.0 * 0.03);
+        let picture = svg(&slices, &[]);
+        assert!(picture.contains("first call 897 µs apart"), "{picture}");
+        assert!(
+            picture.contains("<rect x=\"70.0\""),
+            "rank 0's call from the left edge"
+        );
+        // Ranks that entered close together: the picture starts at the first event.
+        let close = [
+            slice(0, "call", 0.0, 1000.0),
+            slice(1, "call", 100.0, 1000.0),
+        ];
+        assert_eq!(start_of_work(&close, 0.0, 1000.0), 0.0);
     }
 }

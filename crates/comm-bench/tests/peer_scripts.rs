@@ -32,6 +32,9 @@ fn run_script(name: &str, args: &[&str], env: &[(&str, &OsStr)], limit: Duration
         "TRANSPORT",
         "MPICC",
         "MPIRUN",
+        "MIN",
+        "MAX",
+        "FACTOR",
     ] {
         c.env_remove(var);
     }
@@ -334,4 +337,71 @@ fn a_tiny_run_against_open_mpi_where_it_is() {
             assert!(ratio > 0.0, "{row:?} in\n{}", out.stdout);
         }
     }
+    // The one-copy bound, both placements of each collective:
+    // | collective | ranks | size | placement | ours (ms) | memcpy of the bytes (ms) | ours / memcpy |
+    let bound: Vec<Vec<&str>> = out
+        .stdout
+        .lines()
+        .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>())
+        .filter(|cells| cells.len() == 9 && COLLECTIVES.contains(&cells[1]))
+        .collect();
+    assert_eq!(bound.len(), 2 * COLLECTIVES.len(), "{}", out.stdout);
+    for row in &bound {
+        assert!(["in-place", "out-of-place"].contains(&row[4]), "{row:?}");
+        let ratio: f64 = row[7].parse().unwrap_or(0.0);
+        assert!(ratio > 0.0, "{row:?} in\n{}", out.stdout);
+    }
+}
+
+/// scripts/placement-and-pacing.sh as a user runs it, tiny: both tables, a row per (collective,
+/// size) with a ratio, the two count lines; an argument refused.
+#[test]
+fn placement_and_pacing_measures_both_goals() {
+    if !on_path("cc") {
+        eprintln!("skipped: no C compiler for the memcpy timer (apt-get install gcc)");
+        return;
+    }
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_comm-bench"))
+        .parent()
+        .unwrap();
+    let env = [
+        ("BIN_DIR", bin_dir.as_os_str()),
+        ("WORLD_SIZES", OsStr::new("2")),
+        ("MIN", OsStr::new("1K")),
+        ("MAX", OsStr::new("4K")),
+        ("FACTOR", OsStr::new("4")),
+        ("COLLECTIVES", OsStr::new("all_reduce,all_gather")),
+        ("ITERS", OsStr::new("3")),
+        ("WARMUP", OsStr::new("1")),
+    ];
+    let limit = Duration::from_secs(120);
+    let out = run_script("placement-and-pacing.sh", &[], &env, limit);
+    out.assert_success("placement-and-pacing.sh");
+    let rows = |columns: usize| -> Vec<Vec<String>> {
+        let cells = |l: &str| {
+            l.split('|')
+                .map(|c| c.trim().to_string())
+                .collect::<Vec<_>>()
+        };
+        let ours = |c: &Vec<String>| c.len() == columns + 2 && c[1].starts_with("all_");
+        out.stdout.lines().map(cells).filter(ours).collect()
+    };
+    let ratio = |cell: &str| cell.parse::<f64>().unwrap_or(0.0);
+    // placement: 2 collectives x 2 sizes; pacing: x 2 placements
+    let placement = rows(9);
+    assert_eq!(placement.len(), 4, "{}", out.stdout);
+    assert!(
+        placement.iter().all(|r| ratio(&r[8]) > 0.0),
+        "{}",
+        out.stdout
+    );
+    let pacing = rows(7);
+    assert_eq!(pacing.len(), 8, "{}", out.stdout);
+    assert!(pacing.iter().all(|r| ratio(&r[6]) > 0.0), "{}", out.stdout);
+    for line in ["placement: ", "pacing: "] {
+        assert!(out.stdout.contains(line), "{line} in\n{}", out.stdout);
+    }
+    let bad = run_script("placement-and-pacing.sh", &["--sizes"], &[], limit);
+    assert_eq!(bad.code_or_signal(), 2, "{bad:?}");
+    assert!(bad.stderr.contains("'--sizes'"), "{}", bad.stderr);
 }

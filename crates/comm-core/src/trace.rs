@@ -208,12 +208,24 @@ pub fn copying<R>(bytes: usize, copy: impl FnOnce() -> R) -> R {
 
 /// [`copying`] under its own name ("copy to host", "copy to the GPU").
 pub fn copying_as<R>(name: &'static str, bytes: usize, copy: impl FnOnce() -> R) -> R {
+    timed("copy", name, bytes, copy)
+}
+
+/// Runs `work` on `bytes` as a slice of category `cat` named `name` when tracing ("ring": a
+/// copy into or out of a shared-memory ring; "read": the one-copy path reading the sender's
+/// buffer).
+pub fn timed<R>(
+    cat: &'static str,
+    name: &'static str,
+    bytes: usize,
+    work: impl FnOnce() -> R,
+) -> R {
     if !on() {
-        return copy();
+        return work();
     }
     let start = now();
-    let out = copy();
-    slice("copy", name, start, Args::bytes(bytes));
+    let out = work();
+    slice(cat, name, start, Args::bytes(bytes));
     out
 }
 

@@ -137,6 +137,12 @@ fn size_table(fit: &Fit) -> String {
     out
 }
 
+/// The copies of one core at `copy_gbps` that moving each byte at `b` GB/s takes:
+/// "the time of about 2.1 copies per byte".
+fn copies(copy_gbps: f64, b: f64) -> String {
+    format!("the time of about {:.1} copies per byte", copy_gbps / b)
+}
+
 /// α as the constants line gives it; a fit that put no cost on the steps says so rather than
 /// print "0.00 µs".
 fn alpha(us: f64) -> String {
@@ -203,12 +209,30 @@ pub fn in_words(fit: &Fit, machine: Option<&Machine>) -> String {
             ),
         });
     }
-    if let Some(mc) = machine.filter(|mc| memory && mc.copy_gbps > 0.0) {
+    // How many of one core's copies each byte on the path costs, in each bandwidth regime.
+    let cache = fit.in_regime("cache");
+    let bounded = m.large_gbps().is_finite();
+    if let Some(mc) = machine.filter(|mc| cache && bounded && mc.cached_copy_gbps > 0.0) {
         words.push(format!(
-            "One core of this machine copies memory at {}: B from memory is {:.0}% of it (every byte on the path is copied into the transport and out again, and reduced).",
-            gbps(mc.copy_gbps),
-            100.0 * m.memory_gbps().min(m.large_gbps()) / mc.copy_gbps
+            "In cache, one core of this machine copies at {}: B in cache is {:.0}% of it, {}.",
+            gbps(mc.cached_copy_gbps),
+            100.0 * m.large_gbps() / mc.cached_copy_gbps,
+            copies(mc.cached_copy_gbps, m.large_gbps())
         ));
+    }
+    if let Some(mc) = machine.filter(|mc| memory && mc.copy_gbps > 0.0) {
+        let b = m.memory_gbps().min(m.large_gbps());
+        words.push(format!(
+            "One core of this machine copies memory at {}: B from memory is {:.0}% of it, {}.",
+            gbps(mc.copy_gbps),
+            100.0 * b / mc.copy_gbps,
+            copies(mc.copy_gbps, b)
+        ));
+    }
+    if machine.is_some() && (cache || memory) {
+        words.push(
+            "(The shared-memory rings copy every byte twice, into the ring and out, on two cores at once; `--copy single` once; a reduction also reads what arrived.)".into(),
+        );
     }
     let off: Vec<String> = fit
         .points
@@ -265,6 +289,18 @@ mod tests {
         }
         let compared = says("B from memory is");
         assert_eq!(has("memory") && machine, compared, "{regimes:?}\n{text}");
+        let counted = text.matches("copies per byte").count();
+        let cache_counted = has("cache") && fit.model.large_gbps().is_finite();
+        assert_eq!(cache_counted && machine, says("B in cache is"), "{text}");
+        let regimes_with_copies = [cache_counted, has("memory")]
+            .iter()
+            .filter(|&&r| r)
+            .count();
+        assert_eq!(
+            counted,
+            if machine { regimes_with_copies } else { 0 },
+            "{text}"
+        );
         assert!(!says("α = 0.00"), "{text}");
     }
 
@@ -273,6 +309,7 @@ mod tests {
         let machine = Machine {
             caches: vec![("L2".into(), 2.0 * 1048576.0)],
             copy_gbps: 5.0,
+            cached_copy_gbps: 20.0,
         };
         let no_knee = Model {
             knee_bytes: 1e12,

@@ -43,6 +43,7 @@ use super::transport::{
 use crate::error::{CommError, Result};
 use crate::store::Scoped;
 use crate::streaming::{copy, Stores};
+use crate::trace;
 
 pub use segment::leftovers;
 
@@ -114,7 +115,9 @@ impl Dest<'_> {
     fn put(&mut self, offset: usize, piece: &[u8]) {
         match self {
             Dest::Buffer(out, stores) => {
-                copy(*stores, &mut out[offset..offset + piece.len()], piece)
+                trace::timed("ring", "copy out of the ring", piece.len(), || {
+                    copy(*stores, &mut out[offset..offset + piece.len()], piece)
+                })
             }
             Dest::Sink(sink) => sink(offset, piece),
         }
@@ -358,7 +361,7 @@ impl ShmTcpTransport {
         ring.release();
         pair.bell.ring();
         let read = match dest {
-            Dest::Buffer(out, _) => cma::read(pair.pid, at, out),
+            Dest::Buffer(out, _) => read_peer(pair.pid, at, out),
             Dest::Sink(sink) => {
                 let mut staging = pair.staging.lock().unwrap();
                 let piece_bytes = cma::PIECE_BYTES;
@@ -369,7 +372,7 @@ impl ShmTcpTransport {
                 (0..piece_count(len, piece_bytes)).try_for_each(|i| {
                     let range = piece(len, piece_bytes, i);
                     let buffer = &mut buffer[..range.len()];
-                    cma::read(pair.pid, at + range.start, buffer)?;
+                    read_peer(pair.pid, at + range.start, buffer)?;
                     sink(range.start, buffer);
                     Ok(())
                 })
@@ -436,7 +439,7 @@ impl ShmTcpTransport {
             if can_send(sent) {
                 match send_ref {
                     true => awaiting = Some(post_reference(&outgoing, data)),
-                    false => outgoing.write(data.len(), &data[piece(data.len(), out_size, sent)]),
+                    false => write_piece(&outgoing, data, piece(data.len(), out_size, sent)),
                 }
                 out_pair.bell.ring();
                 sent += 1;
@@ -533,6 +536,22 @@ fn agree_on_copy(
     }
 }
 
+/// Copies `data[range]`, a piece of a message of `data.len()` bytes, into the next slot of
+/// `ring` (which must have one free): the first of the two copies, a "ring" slice when tracing.
+fn write_piece(ring: &Ring, data: &[u8], range: std::ops::Range<usize>) {
+    let piece = &data[range];
+    trace::timed("ring", "copy into the ring", piece.len(), || {
+        ring.write(data.len(), piece)
+    })
+}
+
+/// Reads `out.len()` bytes at `at` in process `pid`: the one copy, a "read" slice when tracing.
+fn read_peer(pid: libc::pid_t, at: usize, out: &mut [u8]) -> std::io::Result<()> {
+    trace::timed("read", "read the sender's buffer", out.len(), || {
+        cma::read(pid, at, out)
+    })
+}
+
 /// Posts `data` by reference in the next slot of `ring` (which must have one free): its address
 /// and length, for the receiver to read it itself. Returns the count of `done` that says the
 /// receiver has; `data` must stay as it is until then.
@@ -586,7 +605,7 @@ impl Transport for ShmTcpTransport {
         let size = ring.slot_bytes();
         for i in 0..piece_count(data.len(), size) {
             self.wait(deadline, || ring.can_write(), &[(peer, "sending to")])?;
-            ring.write(data.len(), &data[piece(data.len(), size, i)]);
+            write_piece(&ring, data, piece(data.len(), size, i));
             pair.bell.ring();
         }
         Ok(())
