@@ -71,6 +71,19 @@ fn series_text(
 ) -> String {
     let same_host = rows.iter().all(|r| r.host == here);
     let mut out = describe(label, fit, machine.filter(|_| same_host), table);
+    if let Some(nodes) = Some(rows[0].nodes).filter(|&n| n > 1) {
+        // Across nodes the large sizes' B is the slowest link's: the network's, far below a
+        // memory copy (a cluster in a box's shaped veth, Leonardo's InfiniBand).
+        let b = fit.model.memory_gbps().min(fit.model.large_gbps());
+        if b.is_finite() {
+            let _ = writeln!(
+                out,
+                "  Between the {nodes} nodes the largest sizes move at {b:.3} GB/s = {:.2} Gbit/s: \
+                 the slowest link on the path (a network link's line rate, less its headers).",
+                b * 8.0
+            );
+        }
+    }
     if !same_host {
         let _ = writeln!(
             out,
