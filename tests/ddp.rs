@@ -146,3 +146,132 @@ fn bad_flags_are_refused_plainly() {
         assert!(!stderr.contains("panicked"), "{flags:?}: {stderr}");
     }
 }
+
+/// A timeline's shape: how many boxes of each colour (kind) and how many arrows (as
+/// tests/trace.rs reads the book's other timelines). Times differ from run to run; the shape
+/// does not, unless the code changes.
+fn shape(svg: &str) -> Vec<(String, usize)> {
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for fill in svg
+        .split("fill=\"")
+        .skip(1)
+        .filter_map(|s| s.split('"').next())
+    {
+        match kinds.iter_mut().find(|(f, _)| f == fill) {
+            Some((_, n)) => *n += 1,
+            None => kinds.push((fill.to_string(), 1)),
+        }
+    }
+    kinds.push(("arrows".into(), svg.matches("marker-end").count()));
+    kinds.sort();
+    kinds
+}
+
+/// The chapter's picture, drawn from a real trace by the commands it shows:
+///
+///     cargo run --release --example 06-ddp-training -- -n 2 --iters 3 --batch 128 --bucket-mb 0.1 --trace ddp.json
+///     target/release/comm-bench timeline ddp.json -o ddp-timeline.svg
+///
+/// Each bucket is handed to the comm thread as soon as backward has filled it: the last layer's
+/// before backward has reached the first layer. (Whether the comm thread then runs at once is
+/// the machine's: on a busy 2-core one it may not get a core until backward ends.) The book's
+/// picture has the shape drawn now (`NCCL_WORKSHOP_UPDATE_PICTURES=1` writes it anew).
+#[test]
+fn the_chapters_timeline_shows_backward_and_the_buckets_overlapping() {
+    let dir = scratch("ddp-timeline");
+    let out = Command::new(example("06-ddp-training"))
+        .args([
+            "-n",
+            "2",
+            "--iters",
+            "3",
+            "--bucket-mb",
+            "0.1",
+            "--trace",
+            "ddp.json",
+        ])
+        .current_dir(&dir)
+        .plainly()
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bench = test_support::build::binary("comm-bench", "comm-bench");
+    let drawn = Command::new(bench)
+        .args(["timeline", "ddp.json", "-o", "ddp-timeline.svg"])
+        .current_dir(&dir)
+        .plainly()
+        .output()
+        .unwrap();
+    assert!(
+        drawn.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drawn.stderr)
+    );
+    let svg = std::fs::read_to_string(dir.join("ddp-timeline.svg")).unwrap();
+    // Per rank: the main thread and the comm thread, each a lane.
+    assert_eq!(svg.matches(">comm thread</text>").count(), 2);
+    // Overlap: on each rank, some bucket's all-reduce (comm thread) runs while a backward
+    // layer (main thread) does.
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("ddp.json")).unwrap()).unwrap();
+    let slices: Vec<(u64, String, f64, f64)> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .map(|e| {
+            let ts = e["ts"].as_f64().unwrap();
+            let name = e["name"].as_str().unwrap().to_string();
+            (
+                e["pid"].as_u64().unwrap(),
+                name,
+                ts,
+                ts + e["dur"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    // With overlap, every step hands bucket 0 (the last layer's) to the comm thread before
+    // backward's last layer has started, and the first layer's bucket only after it ended.
+    for rank in 0..2 {
+        let of = |prefix: &str| -> Vec<(f64, f64)> {
+            let on_rank = slices.iter().filter(|s| s.0 == rank);
+            on_rank
+                .filter(|s| s.1.starts_with(prefix))
+                .map(|s| (s.2, s.3))
+                .collect()
+        };
+        let last_layer = of("backward layer 1");
+        let (first, final_bucket) = (of("start bucket 0"), of("start bucket 3"));
+        assert_eq!(
+            (last_layer.len(), first.len(), final_bucket.len()),
+            (3, 3, 3)
+        );
+        for step in 0..3 {
+            assert!(
+                first[step].0 < last_layer[step].0,
+                "rank {rank} step {step}: bucket 0 waited for backward"
+            );
+            assert!(
+                final_bucket[step].0 >= last_layer[step].1,
+                "rank {rank} step {step}"
+            );
+        }
+        assert_eq!(of("all-reduce bucket").len(), 4 * 3, "4 buckets x 3 steps");
+    }
+    let book = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/images/ddp-timeline.svg");
+    if std::env::var_os("NCCL_WORKSHOP_UPDATE_PICTURES").is_some() {
+        std::fs::write(&book, &svg).unwrap();
+    }
+    let committed = std::fs::read_to_string(&book).unwrap();
+    assert_eq!(
+        shape(&committed),
+        shape(&svg),
+        "{} no longer has the shape the commands draw: rerun with NCCL_WORKSHOP_UPDATE_PICTURES=1",
+        book.display()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

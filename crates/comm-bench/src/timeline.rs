@@ -91,7 +91,7 @@ pub fn read_named(trace: &Value) -> (Vec<Slice>, Vec<Arrow>, TrackNames) {
 const LANE_H: f64 = 44.0;
 const LEFT: f64 = 70.0;
 const WIDTH: f64 = 1000.0;
-const TOP: f64 = 40.0;
+const TOP: f64 = 44.0;
 
 fn colour(kind: &str) -> &'static str {
     match kind {
@@ -144,7 +144,8 @@ pub fn svg_named(slices: &[Slice], arrows: &[Arrow], names: &TrackNames) -> Stri
         .iter()
         .any(|k| ["async", "compute", "wait"].contains(k))
     {
-        "; tan: compute; red: waiting for a collective; peach: an asynchronous call"
+        "<tspan x=\"10\" dy=\"14\">tan: compute (forward, backward by layer, optimizer); red: \
+         waiting for a collective; peach: an asynchronous call on the comm thread</tspan>"
     } else {
         ""
     };
@@ -155,7 +156,7 @@ pub fn svg_named(slices: &[Slice], arrows: &[Arrow], names: &TrackNames) -> Stri
          refX=\"7\" refY=\"4\" orient=\"auto\"><path d=\"M0,0 L8,4 L0,8 z\" \
          fill=\"#333\"/></marker></defs>\n<text x=\"10\" y=\"20\" fill=\"#446\">grey: a \
          collective call; blue: send; green: receive; purple: send and receive at once; \
-         orange: reducing what arrived; yellow: a local copy{training}; arrows: messages</text>\n"
+         orange: reducing what arrived; yellow: a local copy; arrows: messages{training}</text>\n"
     );
     for (index, &(rank, _, track)) in lanes.iter().enumerate() {
         let y = lane(index);

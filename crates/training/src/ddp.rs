@@ -249,6 +249,16 @@ impl Ddp {
                 "all-reduce bucket {k} ({:.0} KB)",
                 values.len() as f64 * 4.0 / 1024.0
             );
+            if comm_core::trace::on() {
+                // A mark on the main thread's track: the moment the all-reduce was handed over.
+                let now = comm_core::trace::now();
+                comm_core::trace::slice(
+                    "start",
+                    format!("start bucket {k}"),
+                    now,
+                    Default::default(),
+                );
+            }
             comm.all_reduce(what, values, ReduceOp::Sum)
         };
         self.model
