@@ -188,7 +188,10 @@ fn jobs() -> Vec<Job> {
             args: &["--iters", "30", "--log-every", "10"],
             check: |c| {
                 let out = &c.output;
-                assert!(out.contains("on 2 node(s) (node[1-2]), 4 ranks per node"), "{out}");
+                assert!(
+                    out.contains("on 2 node(s) (node[1-2]), 4 ranks per node"),
+                    "{out}"
+                );
                 assert!(out.contains("8 ranks x batch 32 = 256 a step"), "{out}");
                 assert!(out.contains("step   29  loss "), "{out}");
                 let sums: Vec<&str> = out
