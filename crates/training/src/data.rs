@@ -10,7 +10,7 @@
 //! `shuffled[s·world·batch .. (s+1)·world·batch]` that one rank with batch world·batch reads.
 //! (The shuffle is ours, not `torch.randperm`: the PyTorch twin reads the batches we wrote.)
 
-use crate::Rng;
+use crate::rng::Rng;
 
 /// The text every rank trains on: the course's seed pages.
 pub const COURSE: &str = include_str!("../data/course.txt");

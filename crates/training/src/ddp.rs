@@ -231,7 +231,7 @@ impl Ddp {
         if let Some(dump) = &mut self.dump {
             dump.batch(&samples)?;
         }
-        let span = crate::trace_span("forward");
+        let span = crate::span::trace_span("forward");
         let loss = self.model.forward(&self.params, &samples);
         drop(span);
 
@@ -281,7 +281,7 @@ impl Ddp {
 
         // Wait for every bucket, in order, and put the mean gradients back.
         for (k, work) in works.into_iter().enumerate() {
-            let span = crate::trace_span_as("wait", format!("wait for bucket {k}"));
+            let span = crate::span::trace_span_as("wait", format!("wait for bucket {k}"));
             let (reduced, waited) = work.expect("every bucket started").wait_timed();
             drop(span);
             self.waited += waited;
@@ -292,7 +292,7 @@ impl Ddp {
         let loss = loss?[0];
 
         // SGD with momentum, as torch.optim.SGD: buf = momentum·buf + grad; p -= lr·buf.
-        let span = crate::trace_span("optimizer step");
+        let span = crate::span::trace_span("optimizer step");
         let (lr, mu) = (self.config.lr, self.config.momentum);
         for ((p, g), m) in self
             .params
@@ -316,7 +316,7 @@ impl Ddp {
     pub fn finish(self) -> Result<(Communicator, Report)> {
         let steps = self.steps.max(1) as u32;
         let report = Report {
-            checksum: crate::checksum(&self.params),
+            checksum: checksum(&self.params),
             tokens_per_s: (self.steps * self.config.batch) as f64
                 / self.time.as_secs_f64().max(1e-9),
             step: self.time / steps,
@@ -383,4 +383,13 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
 
 fn write(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     std::fs::write(path, bytes).map_err(|e| CommError::io(format!("writing {}", path.display()), e))
+}
+
+/// A checksum of the weights (FNV-1a over their bits): equal on every rank when they agree.
+pub fn checksum(params: &[f32]) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in params.iter().flat_map(|v| v.to_bits().to_le_bytes()) {
+        hash = (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193);
+    }
+    hash
 }
