@@ -96,6 +96,12 @@ check trace 0 '"cat":"call"' bash -c "'$BIN_DIR/02-allreduce' --backend '$BACKEN
 if [ "$BACKEND" = nccl ]; then
   check gpu-trace 0 '"cat":"gpu"' cat "$LOGS/trace.json"
 fi
+# 06, data-parallel training: on NCCL each gradient bucket is copied to the GPU by the comm
+# thread, all-reduced there by NCCL and copied back (the model computes on the host). Passes when
+# it trains and every rank ends with the same weights (one checksum).
+check ddp-training 0 "^Rank $((n - 1)): weights" bash -c "out=\$('$BIN_DIR/06-ddp-training' \
+  --backend '$BACKEND' -n '$n' --timeout '$PROGRAM_TIMEOUT' --iters 40 --bucket-mb 0.1) || exit 1
+  echo \"\$out\"; [ \$(echo \"\$out\" | grep -o 'weights [0-9a-f]*' | sort -u | wc -l) = 1 ]"
 # 03 on both halves: on NCCL the Gloo half stages GPU buffers through the host, the NCCL half
 # reduces them on the GPUs, and rank 0 compares; on the CPU the NCCL half says why it is skipped.
 gloo_backend=$([ "$BACKEND" = nccl ] && echo auto || echo "$BACKEND")

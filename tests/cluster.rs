@@ -140,7 +140,16 @@ fn refusals() {
 /// An `up` that fails half-way (a link of the name it wants already exists) removes what it made.
 fn a_failed_up_leaves_nothing() {
     let made = Command::new("ip")
-        .args(["link", "add", "nw-eth1", "type", "veth", "peer", "name", "nw-taken1"])
+        .args([
+            "link",
+            "add",
+            "nw-eth1",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "nw-taken1",
+        ])
         .status()
         .unwrap();
     assert!(made.success());

@@ -176,6 +176,32 @@ fn jobs() -> Vec<Job> {
                 allreduced(&c.output, 4, 3, "[0]: ");
             },
         },
+        // Seed 003's training on two nodes of 4, one rank per task: the loss falls and all 8
+        // ranks end with the same weights.
+        Job {
+            name: "06-ddp-training",
+            script: "slurm/10-ddp-training.sbatch",
+            must_fail: false,
+            needs: &["06-ddp-training"],
+            options: &[],
+            env: &[],
+            args: &["--iters", "30", "--log-every", "10"],
+            check: |c| {
+                let out = &c.output;
+                assert!(
+                    out.contains("on 2 node(s) (node[1-2]), 4 ranks per node"),
+                    "{out}"
+                );
+                assert!(out.contains("8 ranks x batch 32 = 256 a step"), "{out}");
+                assert!(out.contains("step   29  loss "), "{out}");
+                let sums: Vec<&str> = out
+                    .lines()
+                    .filter_map(|l| l.split_once(": weights ")?.1.split(',').next())
+                    .collect();
+                assert_eq!(sums.len(), 8, "{out}");
+                assert!(sums.iter().all(|s| *s == sums[0]), "{sums:?}");
+            },
+        },
         Job {
             name: "03-multinode-2x1",
             script: "slurm/03-multinode-2x1.sbatch",

@@ -49,6 +49,15 @@ const STATIC_NODES: [&str; 2] = [
     "torchrun --nnodes=2 --node_rank=0 --nproc_per_node=2 --rdzv_backend=static --master_addr=127.0.0.1 --master_port=29500 --no-python target/release/02-allreduce",
     "torchrun --nnodes=2 --node_rank=1 --nproc_per_node=2 --rdzv_backend=static --master_addr=127.0.0.1 --master_port=29500 --no-python target/release/02-allreduce",
 ];
+/// Seed 003's command verbatim, its script replaced by example 06 (the training chapter).
+const C10D_TRAIN: [&str; 2] = [
+    "torchrun --nnodes=2 --nproc_per_node=2 --node_rank=0 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:29500 --no-python target/release/06-ddp-training",
+    "torchrun --nnodes=2 --nproc_per_node=2 --node_rank=1 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:29500 --no-python target/release/06-ddp-training",
+];
+/// Example 06's PyTorch twin: torch's DDP on Gloo, on what [`TWIN_DUMP`] wrote.
+const TWIN: &str = "torchrun --standalone --nproc_per_node=2 python/ddp_twin.py target/ddp-twin";
+/// The Rust run whose weights, batches and losses the twin reads (a setup line of its block).
+const TWIN_DUMP: &str = "target/release/06-ddp-training -n 2 --iters 30 --dump target/ddp-twin";
 const RESTARTS: &str = "torchrun --standalone --nproc_per_node=4 --max-restarts 2 --no-python scripts/fail-first-attempt.sh target/release/01-broadcast";
 const BENCH: &str = "torchrun --standalone --nproc_per_node=2 --no-python target/release/comm-bench -b 1K -e 64K -n 5 -w 1";
 
@@ -78,6 +87,11 @@ fn cases() -> Vec<Case> {
         },
         one(RESTARTS, 4),
         one(BENCH, 2),
+        Case {
+            nodes: C10D_TRAIN.to_vec(),
+            per_node: 2,
+        },
+        one(TWIN, 2),
     ]
 }
 
@@ -397,6 +411,61 @@ fn comm_bench_runs_one_rank_per_worker() {
     assert!(stdout.contains("# Wrong elements       : 0 OK"), "{stdout}");
 }
 
+/// Seed 003's command starting example 06: four ranks over two "nodes" train together; one of
+/// them prints the losses (falling), and every rank the same weights.
+#[test]
+fn two_nodes_as_seed_003_train() {
+    let Some(ran) = run(&C10D_TRAIN) else {
+        return;
+    };
+    ran.backend_line();
+    let stdout = ran.stdout();
+    assert!(
+        stdout.contains("data: 16256 samples of the course's text; 4 ranks x batch 32"),
+        "{stdout}"
+    );
+    let losses: Vec<f64> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("step ")?.split_once("loss ")?.1.parse().ok())
+        .collect();
+    assert!(
+        losses.len() > 5 && losses[losses.len() - 1] < losses[0] - 1.0,
+        "{losses:?}"
+    );
+    let sums: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_once(": weights ")?.1.split(',').next())
+        .collect();
+    assert_eq!(sums.len(), 4, "a line per rank:\n{stdout}");
+    assert!(sums.iter().all(|s| *s == sums[0]), "{sums:?}");
+}
+
+/// The PyTorch twin (torch's DDP on Gloo under the real torchrun) trains from the Rust run's
+/// weights on its batches and gets the same loss curve, within the tolerance it states.
+#[test]
+fn the_pytorch_twin_follows_the_same_loss_curve() {
+    if torch::or_skip("the PyTorch twin of example 06").is_none() {
+        return;
+    }
+    let bin = the_one_build();
+    let dump = process::start(
+        std::process::Command::new(bin.join("06-ddp-training"))
+            .args(TWIN_DUMP.split_whitespace().skip(1))
+            .current_dir(workspace_root())
+            .plainly(),
+    )
+    .finish(LIMIT);
+    dump.assert_success(TWIN_DUMP);
+    let Some(ran) = run(&[TWIN]) else {
+        return;
+    };
+    let stdout = ran.stdout();
+    assert!(
+        stdout.contains("twin: 30 steps on 2 ranks") && stdout.contains(": same curve"),
+        "{stdout}"
+    );
+}
+
 /// Every line of a bash block that runs torchrun (`torchrun …`, or after variables or `srun`) in
 /// README.md, slurm/README.md and the book's chapters, and the other lines of such blocks, by
 /// file: continuation lines joined, comments dropped, spaces collapsed.
@@ -465,10 +534,11 @@ fn commands(block: &str) -> Vec<String> {
 /// The lines beside torchrun commands in the docs' blocks, each done by these tests: the one
 /// build command ([`the_one_build`]), torch's install (where torch is found, it is a no-op; CI
 /// runs it), and the environment's activation (torchrun run from its `bin`).
-const SETUP: [&str; 3] = [
+const SETUP: [&str; 4] = [
     "cargo build --release",
     "bash scripts/torch-env.sh install",
     "source \"$(scripts/torch-env.sh dir)/bin/activate\"",
+    TWIN_DUMP,
 ];
 
 /// The docs show the commands these tests run, and only those, as torchrun commands: a command

@@ -7,6 +7,7 @@ use std::process::Command;
 
 use serde_json::Value;
 use test_support::build::{binary, example};
+use test_support::picture::book_picture_has_the_shape_of;
 use test_support::process::{scratch, Plainly};
 
 /// Runs `program args` in `dir`; its stdout.
@@ -298,39 +299,4 @@ fn comm_bench_traces_one_job_and_refuses_several() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("--trace records one job"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// A timeline's shape: how many boxes of each colour (kind) and how many arrows. Times differ
-/// from run to run; the shape does not, unless the code changes.
-fn shape(svg: &str) -> Vec<(String, usize)> {
-    let mut kinds: Vec<(String, usize)> = Vec::new();
-    // Boxes only: the text (a legend, a line saying how much wait was cut) may vary by run.
-    let boxes = svg.split("<rect ").skip(1);
-    for fill in boxes.filter_map(|r| r.split("fill=\"").nth(1)?.split('"').next()) {
-        match kinds.iter_mut().find(|(f, _)| f == fill) {
-            Some((_, n)) => *n += 1,
-            None => kinds.push((fill.to_string(), 1)),
-        }
-    }
-    kinds.push(("arrows".into(), svg.matches("marker-end").count()));
-    kinds.sort();
-    kinds
-}
-
-/// The book's picture `name` was drawn by the commands above from a real run: it must have the
-/// shape they draw now. `NCCL_WORKSHOP_UPDATE_PICTURES=1` writes the new one instead.
-fn book_picture_has_the_shape_of(svg: &str, name: &str) {
-    let book = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("docs/src/images")
-        .join(name);
-    if std::env::var_os("NCCL_WORKSHOP_UPDATE_PICTURES").is_some() {
-        std::fs::write(&book, svg).unwrap();
-    }
-    let committed = std::fs::read_to_string(&book).unwrap();
-    assert_eq!(
-        shape(&committed),
-        shape(svg),
-        "{} no longer has the shape the commands draw: rerun with NCCL_WORKSHOP_UPDATE_PICTURES=1",
-        book.display()
-    );
 }

@@ -1,6 +1,8 @@
 //! `comm-bench timeline TRACE.json -o timeline.svg`: a trace (`--trace`) drawn as a lane per
-//! rank along a time axis, a box per slice coloured by kind (collective calls behind, sends,
-//! receives and exchanges in front) and an arrow from each message's send to its receive.
+//! track of each rank (its main thread; a communication thread or GPU stream, named by the
+//! trace's `thread_name`, below it) along a time axis, a box per slice coloured by kind
+//! (asynchronous calls and collective calls behind, sends, receives and exchanges in front;
+//! a training step's compute and waits) and an arrow from each message's send to its receive.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -14,6 +16,8 @@ use crate::error::BenchError;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Slice {
     pub rank: usize,
+    /// The thread's track within the rank (`tid`).
+    pub track: usize,
     pub kind: String,
     pub name: String,
     pub start: f64,
@@ -25,44 +29,69 @@ pub struct Slice {
 pub struct Arrow {
     pub from: (usize, f64),
     pub to: (usize, f64),
+    /// The tracks (`tid`) of the send and of the receive.
+    pub tracks: (usize, usize),
 }
+
+/// The names of tracks (`thread_name` metadata), by (rank, track).
+pub type TrackNames = HashMap<(usize, usize), String>;
 
 /// The slices and arrows of a Chrome trace's `traceEvents`.
 pub fn read(trace: &Value) -> (Vec<Slice>, Vec<Arrow>) {
+    let (slices, arrows, _) = read_named(trace);
+    (slices, arrows)
+}
+
+/// [`read`], and the tracks' names.
+pub fn read_named(trace: &Value) -> (Vec<Slice>, Vec<Arrow>, TrackNames) {
     let events = trace["traceEvents"].as_array().cloned().unwrap_or_default();
     let mut slices = Vec::new();
-    let mut starts: HashMap<String, (usize, f64)> = HashMap::new();
+    let mut names = TrackNames::new();
+    let mut starts: HashMap<String, (usize, f64, usize)> = HashMap::new();
     let mut ends = Vec::new();
     for e in &events {
         let rank = e["pid"].as_u64().unwrap_or(0) as usize;
+        let track = e["tid"].as_u64().unwrap_or(0) as usize;
         let ts = e["ts"].as_f64().unwrap_or(0.0);
         let id = e["id"].as_str().unwrap_or_default().to_string();
         match e["ph"].as_str() {
+            Some("M") if e["name"] == "thread_name" => {
+                let name = e["args"]["name"].as_str().unwrap_or_default();
+                names.insert((rank, track), name.to_string());
+            }
             Some("X") => slices.push(Slice {
                 rank,
+                track,
                 kind: e["cat"].as_str().unwrap_or_default().to_string(),
                 name: e["name"].as_str().unwrap_or_default().to_string(),
                 start: ts,
                 end: ts + e["dur"].as_f64().unwrap_or(0.0),
             }),
             Some("s") => {
-                starts.insert(id, (rank, ts));
+                starts.insert(id, (rank, ts, track));
             }
-            Some("f") => ends.push((id, (rank, ts))),
+            Some("f") => ends.push((id, (rank, ts, track))),
             _ => {}
         }
     }
     let arrows = ends
         .into_iter()
-        .filter_map(|(id, to)| starts.get(&id).map(|&from| Arrow { from, to }))
+        .filter_map(|(id, (rank, ts, track))| {
+            let &(from_rank, from_ts, from_track) = starts.get(&id)?;
+            Some(Arrow {
+                from: (from_rank, from_ts),
+                to: (rank, ts),
+                tracks: (from_track, track),
+            })
+        })
         .collect();
-    (slices, arrows)
+    (slices, arrows, names)
 }
 
 const LANE_H: f64 = 44.0;
 const LEFT: f64 = 70.0;
 const WIDTH: f64 = 1000.0;
-const TOP: f64 = 40.0;
+const TOP: f64 = 44.0;
 
 fn colour(kind: &str) -> &'static str {
     match kind {
@@ -75,13 +104,34 @@ fn colour(kind: &str) -> &'static str {
         "ring" => "#fbf3c4",
         "read" => "#4fb6b0",
         "gpu" => "#76b900",
+        "async" => "#f6d2b8",
+        "compute" => "#c9b38f",
+        "wait" => "#e8838a",
         _ => "#cccccc",
     }
 }
 
 /// The timeline of `slices` and `arrows` as SVG text.
 pub fn svg(slices: &[Slice], arrows: &[Arrow]) -> String {
-    let ranks = slices.iter().map(|s| s.rank + 1).max().unwrap_or(1);
+    svg_named(slices, arrows, &TrackNames::new())
+}
+
+/// [`svg`], each lane labelled with its track's name where the trace names it.
+pub fn svg_named(slices: &[Slice], arrows: &[Arrow], names: &TrackNames) -> String {
+    // A lane per (rank, track): unnamed tracks (the main thread) first, named ones below.
+    let mut lanes: Vec<(usize, bool, usize)> = slices
+        .iter()
+        .map(|s| (s.rank, names.contains_key(&(s.rank, s.track)), s.track))
+        .collect();
+    lanes.sort();
+    lanes.dedup();
+    let lane_of = |rank: usize, track: usize| {
+        let named = names.contains_key(&(rank, track));
+        lanes
+            .iter()
+            .position(|&l| l == (rank, named, track))
+            .unwrap_or(0)
+    };
     let first = slices.iter().map(|s| s.start).fold(f64::INFINITY, f64::min);
     let t1 = slices
         .iter()
@@ -91,9 +141,24 @@ pub fn svg(slices: &[Slice], arrows: &[Arrow]) -> String {
     let span = (t1 - t0).max(1.0);
     // A slice that began before the picture does is drawn from its left edge.
     let x = |t: f64| LEFT + (t.max(t0) - t0) / span * (WIDTH - LEFT - 20.0);
-    let lane = |rank: usize| TOP + rank as f64 * LANE_H;
+    let kinds: Vec<&str> = slices.iter().map(|s| s.kind.as_str()).collect();
+    let training = kinds
+        .iter()
+        .any(|k| ["async", "compute", "wait"].contains(k));
+    // The legend's lines, then the lanes.
+    let top = if training { TOP + 14.0 } else { TOP };
+    let lane = |index: usize| top + index as f64 * LANE_H;
+    let bottom = top + lanes.len() as f64 * LANE_H;
     // Room under the axis for the line saying what was cut, where something was.
-    let height = TOP + ranks as f64 * LANE_H + if t0 > first { 56.0 } else { 40.0 };
+    let height = bottom + if t0 > first { 56.0 } else { 40.0 };
+    let training = match training {
+        true => {
+            "<text x=\"10\" y=\"46\" fill=\"#446\">tan: compute (forward, backward by \
+                 layer, optimizer); red: waiting for a collective; peach: an asynchronous call \
+                 on the comm thread</text>\n"
+        }
+        false => "",
+    };
     let mut out = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" \
          font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" \
@@ -103,25 +168,35 @@ pub fn svg(slices: &[Slice], arrows: &[Arrow]) -> String {
          collective call; blue: send; green: receive; purple: send and receive at once; \
          arrows: messages</text>\n<text x=\"10\" y=\"31\" fill=\"#446\">orange: reducing \
          what arrived; yellow: a local copy; pale yellow: into or out of a shared-memory ring; \
-         teal: reading the sender's buffer (one copy)</text>\n"
+         teal: reading the sender's buffer (one copy)</text>\n{training}"
     );
-    for rank in 0..ranks {
-        let y = lane(rank);
+    for (index, &(rank, _, track)) in lanes.iter().enumerate() {
+        let y = lane(index);
         let _ = writeln!(out, "<text x=\"10\" y=\"{}\">rank {rank}</text>", y + 24.0);
+        if let Some(name) = names.get(&(rank, track)) {
+            let _ = writeln!(
+                out,
+                "<text x=\"10\" y=\"{}\" font-size=\"9\">{}</text>",
+                y + 36.0,
+                name.replace('&', "&amp;").replace('<', "&lt;")
+            );
+        }
     }
     // Calls first, full lane height, behind the messages inside them, and the reductions inside
     // those on top.
     let depth = |kind: &str| match kind {
-        "call" => 0,
-        "send" | "recv" | "sendrecv" => 1,
-        _ => 2,
+        "async" => 0,
+        "call" | "compute" | "wait" => 1,
+        "send" | "recv" | "sendrecv" => 2,
+        _ => 3,
     };
     let mut ordered: Vec<&Slice> = slices.iter().collect();
     ordered.sort_by_key(|s| depth(&s.kind));
     for s in ordered {
         let (inset, h) = match depth(&s.kind) {
-            0 => (2.0, LANE_H - 4.0),
-            1 => (10.0, LANE_H - 20.0),
+            0 => (0.0, LANE_H),
+            1 => (2.0, LANE_H - 4.0),
+            2 => (10.0, LANE_H - 20.0),
             _ => (16.0, LANE_H - 32.0),
         };
         let _ = writeln!(
@@ -129,7 +204,7 @@ pub fn svg(slices: &[Slice], arrows: &[Arrow]) -> String {
             "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h}\" fill=\"{}\" \
              stroke=\"#556\" stroke-width=\"0.5\"><title>{}</title></rect>",
             x(s.start),
-            lane(s.rank) + inset,
+            lane(lane_of(s.rank, s.track)) + inset,
             (x(s.end) - x(s.start)).max(1.0),
             colour(&s.kind),
             s.name.replace('&', "&amp;").replace('<', "&lt;")
@@ -141,12 +216,12 @@ pub fn svg(slices: &[Slice], arrows: &[Arrow]) -> String {
             "<line x1=\"{:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#333\" \
              stroke-width=\"0.8\" marker-end=\"url(#head)\"/>",
             x(a.from.1),
-            lane(a.from.0) + LANE_H / 2.0,
+            lane(lane_of(a.from.0, a.tracks.0)) + LANE_H / 2.0,
             x(a.to.1),
-            lane(a.to.0) + LANE_H / 2.0
+            lane(lane_of(a.to.0, a.tracks.1)) + LANE_H / 2.0
         );
     }
-    axis(&mut out, t0, span, TOP + ranks as f64 * LANE_H + 10.0, &x);
+    axis(&mut out, t0, span, bottom + 10.0, &x);
     if t0 > first {
         let _ = writeln!(
             out,
@@ -205,15 +280,17 @@ pub fn draw(input: &Path, out: &Path) -> Result<usize, BenchError> {
         path: input.to_path_buf(),
         source,
     })?;
-    let (slices, arrows) = read(&trace);
+    let (slices, arrows, names) = read_named(&trace);
     if slices.is_empty() {
         return Err(BenchError::NoSlices {
             path: input.to_path_buf(),
         });
     }
-    std::fs::write(out, svg(&slices, &arrows)).map_err(|source| BenchError::WriteFile {
-        path: out.to_path_buf(),
-        source,
+    std::fs::write(out, svg_named(&slices, &arrows, &names)).map_err(|source| {
+        BenchError::WriteFile {
+            path: out.to_path_buf(),
+            source,
+        }
     })?;
     Ok(slices.len())
 }
@@ -239,7 +316,8 @@ mod tests {
             arrows,
             [Arrow {
                 from: (0, 1.0),
-                to: (1, 4.0)
+                to: (1, 4.0),
+                tracks: (0, 0),
             }]
         );
         let picture = svg(&slices, &arrows);
@@ -258,6 +336,7 @@ mod tests {
     fn a_late_rank_start_is_cut_from_the_picture() {
         let slice = |rank, kind: &str, start, end| Slice {
             rank,
+            track: 0,
             kind: kind.into(),
             name: String::new(),
             start,
@@ -281,5 +360,29 @@ mod tests {
             slice(1, "call", 100.0, 1000.0),
         ];
         assert_eq!(start_of_work(&close, 0.0, 1000.0), 0.0);
+    }
+
+    /// A rank's communication thread is a lane of its own below its main thread, named.
+    #[test]
+    fn a_named_track_gets_a_lane_of_its_own() {
+        let trace = json!({"traceEvents": [
+            {"ph": "M", "name": "thread_name", "pid": 0, "tid": 0, "args": {"name": "comm thread"}},
+            {"ph": "X", "cat": "async", "name": "all-reduce bucket 0", "ts": 2.0, "dur": 5.0, "pid": 0, "tid": 0},
+            {"ph": "X", "cat": "compute", "name": "backward layer 2", "ts": 2.0, "dur": 5.0, "pid": 0, "tid": 1},
+            {"ph": "X", "cat": "wait", "name": "wait for bucket 0", "ts": 7.0, "dur": 1.0, "pid": 0, "tid": 1}
+        ]});
+        let (slices, arrows, names) = read_named(&trace);
+        let picture = svg_named(&slices, &arrows, &names);
+        assert_eq!(picture.matches(">rank 0</text>").count(), 2, "{picture}");
+        assert!(picture.contains(">comm thread</text>"));
+        assert!(picture.contains("red: waiting for a collective"));
+        // The main thread (unnamed) is the first lane, the comm thread the second.
+        let compute = picture.find("backward layer 2").unwrap();
+        let y = |at: usize| -> f64 {
+            let rect = picture[..at].rfind("<rect x=").unwrap();
+            let y = picture[rect..].split("y=\"").nth(1).unwrap();
+            y.split('"').next().unwrap().parse().unwrap()
+        };
+        assert!(y(compute) < y(picture.find("all-reduce bucket 0").unwrap()));
     }
 }

@@ -422,6 +422,15 @@ impl Communicator {
         }
     }
 
+    /// Makes this communicator usable from the calling thread, once it has moved there (it is
+    /// `Send`): on NCCL the rank's CUDA context becomes current; nothing to do on the CPU.
+    pub fn bind_to_thread(&self) -> Result<()> {
+        match &self.engine {
+            Engine::Cpu(_) => Ok(()),
+            Engine::Nccl(nccl) => nccl.bind_to_thread(),
+        }
+    }
+
     /// Blocks until every rank has called it.
     pub fn barrier(&self) -> Result<()> {
         let _range = crate::profile::range(|| "barrier".into());

@@ -9,6 +9,8 @@
 //! the ranks when no launcher did; a [`job::Job`] is what a launch gives a rank and builds its
 //! communicators with those settings; [`launch::run`] ties it all together. Every collective is
 //! described once, in [`collective`]; [`check`], the tests and comm-bench read that table.
+//! [`work`] runs a communicator's collectives on a thread of its own, each a handle to wait on
+//! (torch's `async_op=True`), as data-parallel training overlaps them with backward.
 
 pub mod agree;
 pub mod backend;
@@ -36,6 +38,7 @@ pub mod streaming;
 pub mod timing;
 pub mod topology;
 pub mod trace;
+pub mod work;
 
 pub use backend::{BackendChoice, BackendKind, Device};
 pub use collective::{Call, Collective};
@@ -47,3 +50,4 @@ pub use job::Job;
 pub use launch::run;
 pub use settings::{LaunchArgs, MasterArgs, Settings};
 pub use topology::Topology;
+pub use work::{AsyncComm, Work};

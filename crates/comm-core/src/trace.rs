@@ -201,6 +201,18 @@ pub fn slice(cat: &'static str, name: impl Into<Cow<'static, str>>, start: f64, 
     });
 }
 
+/// Names this thread's track (`thread_name` metadata), as Perfetto and `comm-bench timeline`
+/// label it: a rank's threads other than its main one say what they are ("comm thread").
+pub fn name_track(name: &str) {
+    if !on() {
+        return;
+    }
+    let (pid, tid) = place();
+    record(Event::Meta(
+        json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}),
+    ));
+}
+
 /// Runs `copy`, a local copy of `bytes`, as a `copy` slice when tracing.
 pub fn copying<R>(bytes: usize, copy: impl FnOnce() -> R) -> R {
     copying_as("copy", bytes, copy)

@@ -46,6 +46,8 @@ fn the_gpu_check_script_passes_on_the_cpu_backend() {
         "allreduce",
         "collectives",
         "trace",
+        // 06: training, every rank's weights the same.
+        "ddp-training",
         // 03 on both halves, and its ranks agreeing on one backend.
         "gloo-vs-nccl",
         "backend-agreed",

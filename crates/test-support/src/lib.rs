@@ -9,6 +9,7 @@ pub mod backend;
 pub mod build;
 pub mod grid;
 pub mod libnccl;
+pub mod picture;
 pub mod process;
 pub mod source;
 pub mod torch;

@@ -50,6 +50,14 @@ pub struct NcclBackend {
     gpu_trace: std::cell::RefCell<Option<Box<GpuTrace>>>,
 }
 
+// SAFETY: the backend owns its `ncclComm_t` alone (no copy of the pointer outlives it but the
+// watchdog's, which only aborts through its own synchronised handle), and NCCL lets a
+// communicator be used from any thread as long as no two use it at once: moving the whole
+// backend moves that one user. It is not `Sync` (its `Cell`s), so it is never shared. The new
+// thread binds the CUDA context first ([`NcclBackend::bind_to_thread`]), as `comm_core::work`'s
+// communication thread does.
+unsafe impl Send for NcclBackend {}
+
 /// How long past its timeout a rank may stay inside a blocking NCCL call before the watchdog ends
 /// the process.
 const STUCK_GRACE: Duration = Duration::from_secs(2);
@@ -302,6 +310,15 @@ impl NcclBackend {
         let (ended, aborts) = group_safe::group_end();
         self.run_aborts(aborts);
         ended
+    }
+
+    /// Makes this rank's CUDA context current on the calling thread: the first thing a thread
+    /// that the backend moved to does.
+    pub fn bind_to_thread(&self) -> Result<()> {
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(cuda("binding the context to the communication thread"))
     }
 
     /// Copies host values into a new buffer on this rank's GPU, which is never freed inside

@@ -1,0 +1,21 @@
+//! Data-parallel training the way PyTorch's DistributedDataParallel does it, on comm-core, for
+//! example 06: a small byte-level language model ([`model`]), the course's text shared out by
+//! DistributedSampler's rule ([`data`]), gradients all-reduced in buckets ([`buckets`]) started
+//! while backward goes on ([`ddp`], over `comm_core::work`'s asynchronous all-reduce).
+//!
+//! Everything runs on the host: the matrix products are `matrixmultiply`'s. On the NCCL backend
+//! the buckets are copied to the GPU, all-reduced there by NCCL and copied back; the model's
+//! compute stays on the CPU (a real DDP keeps model, gradients and buckets on the GPU).
+
+pub mod buckets;
+pub mod data;
+pub mod ddp;
+pub mod model;
+pub mod rng;
+pub mod span;
+
+pub use ddp::checksum;
+pub use ddp::{Config, Ddp, Report};
+pub use model::Shape;
+pub use rng::Rng;
+pub use span::{trace_span, trace_span_as, Span};

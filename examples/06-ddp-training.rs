@@ -1,0 +1,114 @@
+//! 06 — data-parallel training: why all-reduce exists. Seed 003's job, DDP's way.
+//!
+//!     cargo run --release --example 06-ddp-training            # 4 ranks on the CPU
+//!     cargo run --release --example 06-ddp-training -- -n 2 --no-overlap --trace t.json
+//!
+//! Every rank holds the same small byte-level language model (rank 0's weights, broadcast), reads
+//! its own quarter of every batch of the course's text, and computes gradients on it. Summed by
+//! all-reduce and divided by the world size, they are the mean over the whole batch: every rank
+//! takes the same step and the weights stay equal. As DDP does, the gradients travel in buckets,
+//! last layer first, each all-reduced as soon as backward has filled it while backward goes on.
+
+use clap::Parser;
+use comm_core::{launch, Collective, LaunchArgs, MasterArgs};
+use training::{Config, Ddp, Shape};
+
+#[derive(Parser)]
+#[command(about = "Train a byte-level language model data-parallel, with bucketed all-reduce")]
+struct Args {
+    #[command(flatten)]
+    launch: LaunchArgs,
+    /// Where rank 0 serves the rendezvous store: --master-addr, --master-port.
+    #[command(flatten)]
+    master: MasterArgs,
+    /// Training steps.
+    #[arg(long, default_value_t = 200)]
+    iters: usize,
+    /// Samples per rank per step (the global batch is ranks x this).
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Largest gradient bucket, in MB (DDP's bucket_cap_mb).
+    #[arg(long, default_value_t = 0.25)]
+    bucket_mb: f64,
+    /// Wait for the whole backward before starting the buckets' all-reduces.
+    #[arg(long)]
+    no_overlap: bool,
+    /// Width of the two hidden layers.
+    #[arg(long, default_value_t = 256)]
+    hidden: usize,
+    /// Bytes of context the model reads.
+    #[arg(long, default_value_t = 8)]
+    context: usize,
+    /// Floats per byte of context.
+    #[arg(long, default_value_t = 16)]
+    embed: usize,
+    /// SGD's learning rate (momentum 0.9).
+    #[arg(long, default_value_t = 0.1)]
+    lr: f32,
+    /// Seeds the weights and the shuffles.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Rank 0 prints the loss every this many steps (and after the last).
+    #[arg(long, default_value_t = 20)]
+    log_every: usize,
+    /// Write the initial weights, every rank's batches and the losses to DIR (python/ddp_twin.py).
+    #[arg(long, value_name = "DIR")]
+    dump: Option<std::path::PathBuf>,
+}
+
+// ANCHOR: main
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let runs = [Collective::Broadcast, Collective::AllReduce];
+    let settings = args.launch.settings(&args.master, &runs);
+    let config = config(&args).unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(2) // refused before any rank starts
+    });
+    let code = launch::run_job(&settings, None, |job| {
+        let comm = launch::announced(job.communicator(settings.backend)?);
+        let rank = comm.rank();
+        let mut ddp = Ddp::new(comm, &config)?; // rank 0's weights everywhere
+        if rank == 0 {
+            println!("{}", ddp.describe());
+        }
+        for step in 0..config.iters {
+            let loss = ddp.step(step)?; // forward, backward + bucket all-reduces, SGD
+            if rank == 0 && (step % args.log_every.max(1) == 0 || step + 1 == config.iters) {
+                println!("step {step:>4}  loss {loss:.4}");
+            }
+        }
+        let (comm, r) = ddp.finish()?;
+        let wait = r.waited.as_secs_f64() / r.step.as_secs_f64();
+        println!(
+            "Rank {rank}: weights {:08x}, {:.1} tokens/s, step {:.2} ms, waiting for communication {:.1}%",
+            r.checksum,
+            r.tokens_per_s,
+            r.step.as_secs_f64() * 1e3,
+            100.0 * wait
+        );
+        comm.close()
+    });
+    launch::exit_code(code)
+}
+// ANCHOR_END: main
+
+fn config(args: &Args) -> comm_core::Result<Config> {
+    let config = Config {
+        shape: Shape {
+            context: args.context,
+            embed: args.embed,
+            hidden: args.hidden,
+        },
+        batch: args.batch,
+        iters: args.iters,
+        bucket_bytes: Config::bucket_bytes(args.bucket_mb)?,
+        overlap: !args.no_overlap,
+        lr: args.lr,
+        momentum: 0.9,
+        seed: args.seed,
+        dump: args.dump.clone(),
+    };
+    config.check()?;
+    Ok(config)
+}
