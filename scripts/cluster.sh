@@ -76,8 +76,13 @@ teardown() {
     ip netns delete "$ns" 2>/dev/null || true
     rm -rf "/etc/netns/${ns:?}"
   done
-  ip link delete nw-login 2>/dev/null || true
-  rm -rf "$STATE"
+  # Links still in this namespace: the login cable, and a node's cable made but not yet moved
+  # into its namespace when up was interrupted.
+  local link
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }' | grep -E '^nw-' || true); do
+    ip link delete "$link" 2>/dev/null || true
+  done
+  rm -rf /etc/netns/nw-node[0-9]* /etc/netns/nw-switch "$STATE"
 }
 
 cmd_up() {
@@ -100,8 +105,9 @@ cmd_up() {
   local up
   up=$(nodes_up)
   [ -z "$up" ] || refuse "a cluster of $up nodes is up already: '$0 down' first"
-  if ip netns list 2>/dev/null | grep -qE '^nw-(node[0-9]+|switch)( |$)' || ip link show nw-login >/dev/null 2>&1; then
-    refuse "parts of an earlier cluster are left (namespaces nw-*, link nw-login): '$0 down' removes them"
+  if ip netns list 2>/dev/null | grep -qE '^nw-(node[0-9]+|switch)( |$)' ||
+    ip -o link show 2>/dev/null | grep -qE '^[0-9]+: nw-'; then
+    refuse "parts of an earlier cluster are left (namespaces or links named nw-*): '$0 down' removes them"
   fi
   # This machine must not use the box's addresses already (a real 10.0.0.0/24 network).
   local used
@@ -232,7 +238,7 @@ cmd_picture() {
 }
 
 draw() {
-  local nodes=$1 rate=$2 k x width=$((40 + $1 * 200))
+  local nodes=$1 rate=$2 k x width=$((40 + $1 * 220))
   local sw_x=$((width / 2))
   cat <<EOF
 <svg xmlns="http://www.w3.org/2000/svg" width="$width" height="300" font-family="sans-serif" font-size="13">
@@ -243,15 +249,15 @@ draw() {
 <text x="$sw_x" y="57" text-anchor="middle" fill="#446">this machine: login, $LOGIN_IP</text>
 EOF
   for ((k = 0; k < nodes; k++)); do
-    x=$((40 + k * 200))
+    x=$((40 + k * 220))
     cat <<EOF
-<line x1="$((x + 80))" y1="170" x2="$sw_x" y2="64" stroke="#333" stroke-width="2"/>
-<text x="$((x + 86))" y="130" fill="#446">$rate</text>
-<rect x="$x" y="170" width="160" height="100" rx="8" fill="#7fb3e6" stroke="#556"/>
-<text x="$((x + 80))" y="195" text-anchor="middle" font-weight="bold">node$k</text>
-<text x="$((x + 80))" y="215" text-anchor="middle">eth0 $(node_ip "$k")</text>
-<text x="$((x + 80))" y="235" text-anchor="middle">its ranks: shared memory</text>
-<text x="$((x + 80))" y="255" text-anchor="middle">other nodes: TCP</text>
+<line x1="$((x + 90))" y1="170" x2="$sw_x" y2="64" stroke="#333" stroke-width="2"/>
+<text x="$((x + 96))" y="130" fill="#446">$rate</text>
+<rect x="$x" y="170" width="180" height="100" rx="8" fill="#7fb3e6" stroke="#556"/>
+<text x="$((x + 90))" y="195" text-anchor="middle" font-weight="bold">node$k</text>
+<text x="$((x + 90))" y="215" text-anchor="middle">eth0 $(node_ip "$k")</text>
+<text x="$((x + 90))" y="235" text-anchor="middle">its ranks: shared memory</text>
+<text x="$((x + 90))" y="255" text-anchor="middle">other nodes: TCP</text>
 EOF
   done
   echo "</svg>"

@@ -71,6 +71,14 @@
 set -euo pipefail
 
 PROG=${0##*/}
+# In a cluster in a box the nodes are shaped like Leonardo's Booster unless told otherwise (the
+# course's sbatch scripts ask for its partition, QOS, GPUs and memory): 32 CPUs, 4 stand-in GPUs
+# and 494 GB per node, partition boost_usr_prod (24 h), QOS normal and boost_qos_dbg.
+if [[ ${LOCAL_SLURM_BOX:-0} == 1 ]]; then
+    : "${LOCAL_SLURM_CPUS:=32}" "${LOCAL_SLURM_GPUS:=4}" "${LOCAL_SLURM_MEM:=494000}"
+    : "${LOCAL_SLURM_PARTITION:=boost_usr_prod}" "${LOCAL_SLURM_MAXTIME:=24:00:00}"
+    : "${LOCAL_SLURM_QOS:=normal:64:0 boost_qos_dbg:2:30}"
+fi
 CTLD_PORT=${LOCAL_SLURM_CTLD_PORT:-26817}
 NODE1_PORT=${LOCAL_SLURM_NODE1_PORT:-26818}
 NODE2_PORT=${LOCAL_SLURM_NODE2_PORT:-26819}

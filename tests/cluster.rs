@@ -14,13 +14,14 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use test_support::build::the_one_build;
+use test_support::picture::book_picture_has_the_shape_of;
 use test_support::process::{run_together, scratch, start, Finished, Plainly};
 use test_support::torch;
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 const STATE: &str = "/run/nccl-workshop-cluster";
-/// The rate the test shapes the links to (not cluster.sh's default, which the docs' commands use).
-const RATE_GBIT: f64 = 1.0;
+/// cluster.sh's default rate, which the chapter's `up` gives the links.
+const RATE_GBIT: f64 = 2.0;
 
 fn cluster_sh() -> PathBuf {
     Path::new(REPO).join("scripts/cluster.sh")
@@ -33,14 +34,29 @@ fn cluster(args: &[&str]) -> Finished {
     start(&mut c).finish(Duration::from_secs(60))
 }
 
-/// `scripts/cluster.sh exec NODE` + a command as the docs write it (`target/release/X` is the
-/// build's), run from the repository root.
-fn on(node: &str, line: &str, bin: &Path) -> Command {
-    let here = format!("{}/", bin.display());
+/// The chapter that shows the box's commands; every line run below is checked to be in it.
+fn chapter() -> String {
+    std::fs::read_to_string(Path::new(REPO).join("docs/src/cluster-in-a-box.md")).unwrap()
+}
+
+/// A line of the chapter, run as written from the repository root (this test is root: `sudo`
+/// and `sudo -E env PATH="$PATH"` are dropped; `target/release/` is the build's folder; torch's
+/// environment, where there is one, first on PATH, as after `source .../activate`), after
+/// `before` (e.g. sourcing the Slurm's env.sh).
+fn as_written(line: &str, before: &str, bin: &Path) -> Command {
+    assert!(
+        chapter().contains(line),
+        "docs/src/cluster-in-a-box.md does not show `{line}`"
+    );
+    let command = line
+        .strip_prefix("sudo -E env PATH=\"$PATH\" ")
+        .or_else(|| line.strip_prefix("sudo "))
+        .unwrap_or(line)
+        .replace("target/release/", &format!("{}/", bin.display()));
     let mut c = Command::new("bash");
-    c.arg(cluster_sh()).args(["exec", node]);
-    for word in line.split_whitespace() {
-        c.arg(word.replace("target/release/", &here));
+    c.args(["-c", &format!("{before}{command}")]);
+    if let Ok(t) = torch::find() {
+        c.env("PATH", t.path());
     }
     c.current_dir(REPO).plainly();
     c
@@ -70,10 +86,13 @@ fn nothing_left(after: &str) {
     let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
     let netns = String::from_utf8_lossy(&netns.stdout).into_owned();
     assert!(!netns.contains("nw-"), "{after}: namespaces left:\n{netns}");
-    let login = Command::new("ip")
-        .args(["link", "show", "nw-login"])
-        .output();
-    assert!(!login.unwrap().status.success(), "{after}: nw-login left");
+    let links = Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .unwrap();
+    let links = String::from_utf8_lossy(&links.stdout).into_owned();
+    let ours: Vec<&str> = links.lines().filter(|l| l.contains(": nw-")).collect();
+    assert!(ours.is_empty(), "{after}: links left: {ours:?}");
     assert!(!Path::new(STATE).exists(), "{after}: {STATE} left");
     let etc = std::fs::read_dir("/etc/netns")
         .map(|d| d.count())
@@ -97,11 +116,24 @@ fn nothing_left(after: &str) {
 struct Up;
 
 impl Up {
-    fn nodes(n: usize, rate: &str) -> Up {
-        let out = cluster(&["up", "--nodes", &n.to_string(), "--rate", rate]);
-        out.assert_success("cluster.sh up");
+    fn as_written(line: &str, bin: &Path) -> Up {
+        let out = start(&mut as_written(line, "", bin)).finish(Duration::from_secs(60));
+        out.assert_success(line);
         Up
     }
+}
+
+/// The chapter's picture, drawn by `cluster.sh picture` from the box that is up.
+fn the_picture(dir: &Path) {
+    // sudo scripts/cluster.sh picture cluster-in-a-box.svg
+    let file = dir.join("cluster-in-a-box.svg");
+    cluster(&["picture", file.to_str().unwrap()]).assert_success("cluster.sh picture");
+    let svg = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        svg.contains(">node1</text>") && svg.contains("eth0 10.0.0.2"),
+        "{svg}"
+    );
+    book_picture_has_the_shape_of(&svg, "cluster-in-a-box.svg");
 }
 
 impl Drop for Up {
@@ -137,26 +169,12 @@ fn refusals() {
     nothing_left("the refusals");
 }
 
-/// An `up` that fails half-way (a link of the name it wants already exists) removes what it made.
+/// An `up` that fails half-way (node1's hosts file cannot be made: a file is where its folder
+/// goes) removes what it made, that file included.
 fn a_failed_up_leaves_nothing() {
-    let made = Command::new("ip")
-        .args([
-            "link",
-            "add",
-            "nw-eth1",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "nw-taken1",
-        ])
-        .status()
-        .unwrap();
-    assert!(made.success());
+    std::fs::create_dir_all("/etc/netns").unwrap();
+    std::fs::write("/etc/netns/nw-node1", "in the way").unwrap();
     let out = cluster(&["up", "--nodes", "3"]);
-    let _ = Command::new("ip")
-        .args(["link", "delete", "nw-eth1"])
-        .status();
     assert_eq!(out.code_or_signal(), 1, "{out:?}");
     assert!(
         out.stderr.contains("up failed: removing what it made"),
@@ -192,14 +210,13 @@ fn an_interrupted_up_leaves_nothing() {
 
 /// Seed 000's two shells, verbatim: rank 0 on node0, rank 1 on node1, meeting across the link.
 fn seed_000(bin: &Path) {
-    // cluster.sh exec node0 target/release/03-multinode-gloo-vs-nccl --world_size 2 --rank 0 --master_addr 10.0.0.1 --master_port 29502
     let line = |r: usize| {
         format!(
-            "target/release/03-multinode-gloo-vs-nccl --world_size 2 --rank {r} --master_addr 10.0.0.1 --master_port 29502"
+            "sudo scripts/cluster.sh exec node{r} target/release/03-multinode-gloo-vs-nccl --world_size 2 --rank {r} --master_addr 10.0.0.1 --master_port 29502"
         )
     };
     let out = run_together(
-        vec![on("node0", &line(0), bin), on("node1", &line(1), bin)],
+        vec![as_written(&line(0), "", bin), as_written(&line(1), "", bin)],
         Duration::from_secs(120),
     );
     for o in &out {
@@ -217,16 +234,14 @@ fn seed_000(bin: &Path) {
 }
 
 /// Seed 003's two torchruns, one per node, as written but for the program.
-fn seed_003(bin: &Path, torchrun: &Path) {
-    // cluster.sh exec node0 torchrun --nnodes=2 --nproc_per_node=2 --node_rank=0 --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29500 --no-python target/release/02-allreduce
+fn seed_003(bin: &Path) {
     let line = |r: usize| {
         format!(
-            "{} --nnodes=2 --nproc_per_node=2 --node_rank={r} --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29500 --no-python target/release/02-allreduce",
-            torchrun.display()
+            "sudo -E env PATH=\"$PATH\" scripts/cluster.sh exec node{r} torchrun --nnodes=2 --nproc_per_node=2 --node_rank={r} --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29500 --no-python target/release/02-allreduce"
         )
     };
     let out = run_together(
-        vec![on("node0", &line(0), bin), on("node1", &line(1), bin)],
+        vec![as_written(&line(0), "", bin), as_written(&line(1), "", bin)],
         Duration::from_secs(180),
     );
     for o in &out {
@@ -243,24 +258,20 @@ fn seed_003(bin: &Path, torchrun: &Path) {
 /// commrun on both nodes running a sweep across the link; `comm-bench model` on it finds the
 /// link's rate (within 10%: the rate is tc's, enforced whatever the machine's speed; TCP and
 /// Ethernet headers take about 1% at MTU 9000); `comm-bench predict` for the box lands near.
-fn sweep_and_model(bin: &Path, dir: &Path) {
-    let csv = dir.join("box.csv");
-    let line = |r: usize| {
-        format!(
-            "target/release/commrun --nnodes 2 --node-rank {r} --nproc-per-node 2 --master-addr 10.0.0.1 target/release/comm-bench --backend cpu -b 1M -e 16M -f 4 --collectives all_gather -n 5 -w 1 --csv {}",
-            csv.display()
-        )
-    };
+fn sweep_and_model(bin: &Path) {
+    let csv = Path::new("/tmp/box.csv");
+    let _ = std::fs::remove_file(csv);
+    let common = "--nproc-per-node 2 --master-addr 10.0.0.1 target/release/comm-bench --backend cpu -b 1M -e 16M -f 4 --collectives all_gather -n 5 -w 1";
+    let node0 = format!("sudo scripts/cluster.sh exec node0 target/release/commrun --nnodes 2 --node-rank 0 {common} --csv /tmp/box.csv");
+    let node1 = format!("sudo scripts/cluster.sh exec node1 target/release/commrun --nnodes 2 --node-rank 1 {common}");
     let out = run_together(
-        vec![on("node0", &line(0), bin), on("node1", &line(1), bin)],
+        vec![as_written(&node0, "", bin), as_written(&node1, "", bin)],
         Duration::from_secs(180),
     );
     for o in &out {
         o.assert_success("commrun on a node");
     }
-    let model = Command::new(bin.join("comm-bench"))
-        .arg("model")
-        .arg(&csv)
+    let model = as_written("target/release/comm-bench model /tmp/box.csv", "", bin)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&model.stdout).into_owned();
@@ -285,24 +296,8 @@ fn sweep_and_model(bin: &Path, dir: &Path) {
         );
     }
     // The prediction for 2 nodes of 2 ranks at this rate, at 16 MiB, near the measured time.
-    let predicted = Command::new(bin.join("comm-bench"))
-        .args([
-            "predict",
-            "--system",
-            "crates/comm-bench/systems/box.toml",
-            "--nodes",
-            "2",
-        ])
-        .args([
-            "--nic-gbps",
-            &RATE_GBIT.to_string(),
-            "--collectives",
-            "all_gather",
-        ])
-        .args(["-b", "16M", "-e", "16M"])
-        .current_dir(REPO)
-        .output()
-        .unwrap();
+    let predict = "target/release/comm-bench predict --system crates/comm-bench/systems/box.toml --nodes 2 --nic-gbps 2 --collectives all_gather -b 1M -e 16M -f 4";
+    let predicted = as_written(predict, "", bin).output().unwrap();
     let predicted = String::from_utf8_lossy(&predicted.stdout).into_owned();
     let time_at = |table: &str| -> f64 {
         let row = table
@@ -311,7 +306,7 @@ fn sweep_and_model(bin: &Path, dir: &Path) {
             .unwrap();
         row.split_whitespace().nth(5).unwrap().parse().unwrap()
     };
-    let measured = std::fs::read_to_string(&csv).unwrap();
+    let measured = std::fs::read_to_string(csv).unwrap();
     let measured_us: f64 = measured
         .lines()
         .find(|l| l.contains(",16777216,") && l.contains("out-of-place"))
@@ -322,84 +317,43 @@ fn sweep_and_model(bin: &Path, dir: &Path) {
         (0.7..1.4).contains(&ratio),
         "predicted / measured {ratio}:\n{predicted}\n{measured}"
     );
+    std::fs::remove_file(csv).unwrap();
 }
 
 /// Slurm across both nodes: slurmctld on node0, a slurmd per node; sbatch and salloc + srun
-/// from this machine (the login node).
-fn slurm_across_nodes(bin: &Path, dir: &Path) {
-    let slurm = dir.join("slurm");
-    let ports: Vec<String> = (0..2)
-        .map(|_| comm_core::spawn::free_port().unwrap().to_string())
-        .collect();
-    let start = Command::new("bash")
-        .arg(Path::new(REPO).join("scripts/local-slurm.sh"))
-        .args(["start"])
-        .arg(&slurm)
-        .env("LOCAL_SLURM_BOX", "1")
-        .env("LOCAL_SLURM_CTLD_PORT", &ports[0])
-        .env("LOCAL_SLURM_NODE1_PORT", &ports[1])
-        .env("LOCAL_SLURM_CPUS", "32")
-        .env("LOCAL_SLURM_GPUS", "4")
-        .env("LOCAL_SLURM_PARTITION", "boost_usr_prod")
-        .env("LOCAL_SLURM_MEM", "494000")
-        .env("LOCAL_SLURM_QOS", "normal:64:0 boost_qos_dbg:2:30")
-        .stdin(Stdio::null())
+/// from this machine (the login node), as the chapter writes them.
+fn slurm_across_nodes(bin: &Path) {
+    let start = "sudo LOCAL_SLURM_BOX=1 scripts/local-slurm.sh start /tmp/box-slurm";
+    let stop = "sudo LOCAL_SLURM_BOX=1 scripts/local-slurm.sh stop /tmp/box-slurm";
+    let env = "source /tmp/box-slurm/env.sh";
+    assert!(chapter().contains(env));
+    let started = as_written(start, "", bin).output().unwrap();
+    let stop = || as_written(stop, "", bin).output().unwrap();
+    if !started.status.success() {
+        stop();
+        panic!("{}", String::from_utf8_lossy(&started.stderr));
+    }
+    let sourced = format!("{env} && ");
+    let sbatch = as_written("sbatch --wait slurm/03-multinode-2x1.sbatch", &sourced, bin)
         .output()
         .unwrap();
-    let stop = || {
-        let _ = Command::new("bash")
-            .arg(Path::new(REPO).join("scripts/local-slurm.sh"))
-            .arg("stop")
-            .arg(&slurm)
-            .env("LOCAL_SLURM_BOX", "1")
-            .output();
-    };
-    assert!(
-        start.status.success(),
-        "{}",
-        String::from_utf8_lossy(&start.stderr)
-    );
-    let client = |program: &str| {
-        let mut c = Command::new(program);
-        c.env("SLURM_CONF", slurm.join("slurm.conf"))
-            .env("SLURM_SRUN_COMM_IFHN", "10.0.0.254")
-            .env("BACKEND", "cpu")
-            .env("BIN_DIR", bin)
-            .current_dir(REPO)
-            .stdin(Stdio::null());
-        c
-    };
-    let output = dir.join("job-%j.out");
-    let sbatch = client("sbatch")
-        .args(["--wait", "--parsable", "--output"])
-        .arg(&output)
-        .args([
-            "slurm/03-multinode-2x1.sbatch",
-            "--size-mb",
-            "2",
-            "--iters",
-            "3",
-        ])
-        .output()
-        .unwrap();
-    let id = String::from_utf8_lossy(&sbatch.stdout).trim().to_string();
-    let job = std::fs::read_to_string(dir.join(format!("job-{id}.out"))).unwrap_or_default();
-    let salloc = client("salloc")
-        .args([
-            "-N2",
-            "--ntasks-per-node=1",
-            "--qos",
-            "boost_qos_dbg",
-            "--time",
-            "5",
-        ])
-        .args(["srun", "hostname"])
-        .output()
-        .unwrap();
-    stop();
+    let salloc = "salloc -N2 --ntasks-per-node=1 --qos boost_qos_dbg --time 5 srun hostname";
+    let salloc = as_written(salloc, &sourced, bin).output().unwrap();
+    let stopped = stop();
+    let _ = std::fs::remove_dir_all("/tmp/box-slurm");
+    let said = String::from_utf8_lossy(&sbatch.stdout).into_owned();
+    let id = said
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let file = Path::new(REPO).join(format!("03-multinode-2x1-{id}.out"));
+    let job = std::fs::read_to_string(&file).unwrap_or_default();
+    let _ = std::fs::remove_file(&file);
     assert!(
         sbatch.status.success(),
-        "sbatch: {}\n{job}",
+        "sbatch: {said}{}\n{job}",
         String::from_utf8_lossy(&sbatch.stderr)
     );
     assert!(
@@ -419,6 +373,11 @@ fn slurm_across_nodes(bin: &Path, dir: &Path) {
         "salloc + srun: {}",
         String::from_utf8_lossy(&salloc.stderr)
     );
+    assert!(
+        stopped.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stopped.stderr)
+    );
 }
 
 #[test]
@@ -432,33 +391,37 @@ fn the_course_runs_across_a_cluster_in_a_box() {
     let started = Instant::now();
     let bin = the_one_build();
     let dir = scratch("cluster-in-a-box");
+    // The chapter's first two commands, the box at its default rate.
+    let up = "sudo scripts/cluster.sh up --nodes 2";
     let _ = cluster(&["down"]);
     refusals();
     a_failed_up_leaves_nothing();
     an_interrupted_up_leaves_nothing();
     {
-        let _box = Up::nodes(2, &format!("{RATE_GBIT}gbit"));
+        let _box = Up::as_written(up, &bin);
         let again = cluster(&["up", "--nodes", "2"]);
         refused(&again, "is up already");
         let status = cluster(&["status"]);
         assert!(
-            status.stdout.starts_with("2 nodes, links of 1gbit"),
+            status.stdout.starts_with("2 nodes, links of 2gbit"),
             "{status:?}"
         );
-        let hostname = on("node1", "hostname", &bin).output().unwrap();
+        let mut hostname = as_written("sudo scripts/cluster.sh exec node1 hostname", "", &bin);
+        let hostname = hostname.output().unwrap();
         assert_eq!(String::from_utf8_lossy(&hostname.stdout), "node1\n");
         refused(&cluster(&["exec", "node2", "true"]), "no node 'node2'");
+        the_picture(&dir);
         seed_000(&bin);
-        if let Some(t) = torch::or_skip("seed 003's torchruns across the box") {
-            seed_003(&bin, &t.torchrun());
+        if torch::or_skip("seed 003's torchruns across the box").is_some() {
+            seed_003(&bin);
         }
-        sweep_and_model(&bin, &dir);
+        sweep_and_model(&bin);
         if Command::new("sh")
             .args(["-c", "command -v slurmctld"])
             .output()
             .is_ok_and(|o| o.status.success())
         {
-            slurm_across_nodes(&bin, &dir);
+            slurm_across_nodes(&bin);
         } else {
             assert!(
                 !std::env::var("NCCL_WORKSHOP_REQUIRE_SLURM").is_ok_and(|v| v == "1"),
