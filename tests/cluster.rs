@@ -10,7 +10,7 @@
 //! machine, so everything runs in one test, in order.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use test_support::build::the_one_build;
@@ -339,6 +339,33 @@ fn slurm_across_nodes(bin: &Path) {
         .unwrap();
     let salloc = "salloc -N2 --ntasks-per-node=1 --qos boost_qos_dbg --time 5 srun hostname";
     let salloc = as_written(salloc, &sourced, bin).output().unwrap();
+    // The other multi-node scripts: each job's output, read back.
+    let mut others = vec!["sbatch --wait slurm/03-multinode-2x4.sbatch"];
+    let sweep = "OPS=all_gather MIN_BYTES=1M MAX_BYTES=16M FACTOR=4 ITERS=5 WARMUP=1 OUT_DIR=/tmp/box-bench sbatch --wait slurm/04-bench-sweep.sbatch";
+    others.push(sweep);
+    let torchrun =
+        "TORCH_VENV=\"$(scripts/torch-env.sh dir)\" sbatch --wait slurm/07-torchrun.sbatch";
+    if torch::or_skip("07-torchrun.sbatch across the box").is_some() {
+        others.push(torchrun);
+    }
+    let outputs: Vec<(&str, Output, String)> = others
+        .iter()
+        .map(|line| {
+            let out = as_written(line, &sourced, bin).output().unwrap();
+            let said = String::from_utf8_lossy(&out.stdout).into_owned();
+            let id = said
+                .trim()
+                .rsplit(' ')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            let name = line.rsplit('/').next().unwrap().trim_end_matches(".sbatch");
+            let file = Path::new(REPO).join(format!("{name}-{id}.out"));
+            let job = std::fs::read_to_string(&file).unwrap_or_default();
+            let _ = std::fs::remove_file(&file);
+            (*line, out, job)
+        })
+        .collect();
     let stopped = stop();
     let _ = std::fs::remove_dir_all("/tmp/box-slurm");
     let said = String::from_utf8_lossy(&sbatch.stdout).into_owned();
@@ -373,6 +400,23 @@ fn slurm_across_nodes(bin: &Path) {
         "salloc + srun: {}",
         String::from_utf8_lossy(&salloc.stderr)
     );
+    for (line, out, job) in &outputs {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{line}: {stderr}\n{job}");
+        let expected = if line.contains("2x4") {
+            "on 2 node(s) (node[0-1]), 4 ranks per node"
+        } else if line.contains("torchrun") {
+            "on 2 node(s) (node[0-1]), 4 ranks per node, started by torchrun"
+        } else {
+            "comm-bench sweep on node[0-1], 4 ranks per node"
+        };
+        assert!(job.contains(expected), "{line}: {expected:?} in\n{job}");
+    }
+    for layout in ["1x4", "2x4"] {
+        let csv = Path::new("/tmp/box-bench").join(format!("all_gather-{layout}.csv"));
+        assert!(csv.is_file(), "no {}", csv.display());
+    }
+    let _ = std::fs::remove_dir_all("/tmp/box-bench");
     assert!(
         stopped.status.success(),
         "{}",

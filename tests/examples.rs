@@ -482,6 +482,59 @@ fn gloo_vs_nccl_across_two_launchers_as_two_nodes() {
     );
 }
 
+/// Two hosts in one job, each with three ranks: shared memory inside a host, TCP between them,
+/// so the ring's ranks at a host's edge have a shared-memory neighbour on one side and a TCP one
+/// on the other, while the middle rank has shared memory on both (12 MB: blocks of 2 MB cross
+/// in pieces).
+/// Every link must frame its messages the same way whichever code path its two ends take (a
+/// 4 MB buffer crosses in pieces). The hosts are this machine under two host names (a UTS
+/// namespace each, `unshare --uts`: root only; skipped otherwise).
+#[test]
+fn two_hosts_mix_shared_memory_and_tcp_in_one_ring() {
+    let root = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap()) == 0;
+    let unshare = Command::new("unshare").arg("--version").output();
+    if !root || !unshare.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: two host names on one machine need root and unshare");
+        return;
+    }
+    let commrun = test_support::build::binary("commrun", "commrun");
+    let example = example("03-multinode-gloo-vs-nccl");
+    let port = comm_core::spawn::free_port().unwrap().to_string();
+    let nodes = (0..2)
+        .map(|node| {
+            // unshare --uts sh -c 'hostname hostN && exec commrun ...'
+            let mut c = Command::new("unshare");
+            c.args(["--uts", "sh", "-c", "hostname \"$0\" && exec \"$@\""])
+                .arg(format!("mixed-host{node}"))
+                .arg(&commrun)
+                .args(["--nnodes", "2", "--node-rank", &node.to_string()])
+                .args(["--nproc-per-node", "3", "--master-addr", "127.0.0.1"])
+                .args(["--master-port", &port, "--no-prefix"])
+                .arg(&example)
+                .args([
+                    "--backend",
+                    "cpu",
+                    "--size-mb",
+                    "12",
+                    "--iters",
+                    "2",
+                    "--warmup",
+                    "1",
+                ])
+                .plainly();
+            c
+        })
+        .collect();
+    let outputs = run_together(nodes, JOB_LIMIT);
+    for (node, out) in outputs.iter().enumerate() {
+        out.assert_success(&format!("commrun on host {node}"));
+    }
+    let stdout = &outputs[0].stdout;
+    let mixed = "transport: shm+tcp (rank 0: shared memory to 2 ranks of its host, TCP to 3)";
+    assert!(stdout.contains(mixed), "{stdout}");
+    assert_eq!(timing_line(stdout, "Gloo").0, 12);
+}
+
 #[test]
 fn gloo_vs_nccl_started_by_hand_with_the_courses_flags() {
     let port = comm_core::spawn::free_port().unwrap().to_string();

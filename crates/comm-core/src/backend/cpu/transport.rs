@@ -92,30 +92,41 @@ pub fn threaded_send_recv_with<T: Transport + ?Sized>(
 ) -> Result<()> {
     let _call = CallScope::new(t);
     std::thread::scope(|s| {
-        let sender = s.spawn(|| -> Result<()> {
-            for i in 0..piece_count(data.len(), PIECE_BYTES) {
-                t.send(to, &data[piece(data.len(), PIECE_BYTES, i)])?;
-            }
-            Ok(())
-        });
-        let received = (|| {
-            // u64s: the pieces are cast to slices of any element type, which needs alignment.
-            let mut buffer = vec![0u64; len.min(PIECE_BYTES).div_ceil(8)];
-            let buffer: &mut [u8] = bytemuck::cast_slice_mut(&mut buffer);
-            for i in 0..piece_count(len, PIECE_BYTES) {
-                let range = piece(len, PIECE_BYTES, i);
-                let at = range.start;
-                let piece = &mut buffer[..range.len()];
-                t.recv(from, piece)?;
-                sink(at, piece);
-            }
-            Ok(())
-        })();
+        let sender = s.spawn(|| send_pieces(t, to, data));
+        let received = recv_pieces(t, from, len, sink);
         let sent = sender
             .join()
             .unwrap_or_else(|_| Err(CommError::Peer("the sending thread panicked".into())));
         received.and(sent)
     })
+}
+
+/// `data` to `to` as messages of [`PIECE_BYTES`]: the framing of a step that combines, on a
+/// transport of whole messages.
+pub(crate) fn send_pieces<T: Transport + ?Sized>(t: &T, to: usize, data: &[u8]) -> Result<()> {
+    (0..piece_count(data.len(), PIECE_BYTES))
+        .try_for_each(|i| t.send(to, &data[piece(data.len(), PIECE_BYTES, i)]))
+}
+
+/// `len` bytes from `from` as [`send_pieces`] sends them, each piece handed to `sink` as it
+/// arrives (received into a buffer of one piece).
+pub(crate) fn recv_pieces<T: Transport + ?Sized>(
+    t: &T,
+    from: usize,
+    len: usize,
+    sink: Sink<'_>,
+) -> Result<()> {
+    // u64s: the pieces are cast to slices of any element type, which needs alignment.
+    let mut buffer = vec![0u64; len.min(PIECE_BYTES).div_ceil(8)];
+    let buffer: &mut [u8] = bytemuck::cast_slice_mut(&mut buffer);
+    for i in 0..piece_count(len, PIECE_BYTES) {
+        let range = piece(len, PIECE_BYTES, i);
+        let at = range.start;
+        let piece = &mut buffer[..range.len()];
+        t.recv(from, piece)?;
+        sink(at, piece);
+    }
+    Ok(())
 }
 
 /// How many pieces of `size` bytes a message of `len` bytes travels in: at least one (an empty

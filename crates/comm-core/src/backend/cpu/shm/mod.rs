@@ -38,7 +38,8 @@ use super::connected::{Connected, CopyChoice, TransportChoice, Wiring};
 use super::context::Context;
 use super::tcp::TcpTransport;
 use super::transport::{
-    piece, piece_count, size_mismatch, threaded_send_recv_with, Deadline, Sink, Transport,
+    piece, piece_count, recv_pieces, send_pieces, size_mismatch, CallScope, Deadline, Sink,
+    Transport,
 };
 use crate::error::{CommError, Result};
 use crate::store::Scoped;
@@ -310,6 +311,55 @@ impl ShmTcpTransport {
             };
             bell.sleep(seen, nap);
         }
+    }
+
+    /// The next message from shared-memory peer `peer` (through `pair`), which must be `len`
+    /// bytes, into `dest`: a buffer at once, or a sink piece by piece.
+    fn recv_from(&self, pair: &Pair, peer: usize, len: usize, mut dest: Dest<'_>) -> Result<()> {
+        let deadline = self.ctx.deadline();
+        self.ctx.check()?;
+        let ring = pair.incoming.lock().unwrap();
+        let size = ring.slot_bytes();
+        if self.single_copy(len) {
+            self.wait(deadline, || ring.can_read(), &[(peer, "receiving from")])?;
+            return self.take_reference(pair, &ring, peer, len, &mut dest);
+        }
+        for i in 0..piece_count(len, size) {
+            self.wait(deadline, || ring.can_read(), &[(peer, "receiving from")])?;
+            self.take_piece(pair, &ring, peer, len, i * size, &mut dest)?;
+        }
+        Ok(())
+    }
+
+    /// A step that combines with a shared-memory peer on one side and a TCP peer on the other.
+    /// Each link keeps the framing that link's kind has in this step on every rank: one message
+    /// through the ring to or from the shared-memory peer (as [`Self::exchange`] sends and takes
+    /// it), pieces of PIECE_BYTES over TCP (as a TCP-only rank's step does). Were the two sides
+    /// framed alike, a neighbour whose both peers share its memory would read a piece where it
+    /// expects the whole message.
+    fn mixed_send_recv_with(
+        &self,
+        to: usize,
+        data: &[u8],
+        from: usize,
+        len: usize,
+        sink: Sink<'_>,
+    ) -> Result<()> {
+        let _call = CallScope::new(self);
+        std::thread::scope(|s| {
+            let sender = s.spawn(|| match self.pairs[to] {
+                Some(_) => self.send(to, data),
+                None => send_pieces(&self.tcp, to, data),
+            });
+            let received = match &self.pairs[from] {
+                Some(pair) => self.recv_from(pair, from, len, Dest::Sink(sink)),
+                None => recv_pieces(&self.tcp, from, len, sink),
+            };
+            let sent = sender
+                .join()
+                .unwrap_or_else(|_| Err(CommError::Peer("the sending thread panicked".into())));
+            received.and(sent)
+        })
     }
 
     /// Whether a message of `len` bytes goes by one copy.
@@ -615,28 +665,27 @@ impl Transport for ShmTcpTransport {
         let Some(pair) = &self.pairs[peer] else {
             return self.tcp.recv(peer, out);
         };
-        let deadline = self.ctx.deadline();
-        self.ctx.check()?;
-        let ring = pair.incoming.lock().unwrap();
-        let (len, size) = (out.len(), ring.slot_bytes());
-        let single = self.single_copy(len);
-        let mut dest = Dest::Buffer(out, Stores::for_destination(len));
-        if single {
-            self.wait(deadline, || ring.can_read(), &[(peer, "receiving from")])?;
-            return self.take_reference(pair, &ring, peer, len, &mut dest);
-        }
-        for i in 0..piece_count(len, size) {
-            self.wait(deadline, || ring.can_read(), &[(peer, "receiving from")])?;
-            self.take_piece(pair, &ring, peer, len, i * size, &mut dest)?;
-        }
-        Ok(())
+        let len = out.len();
+        self.recv_from(
+            pair,
+            peer,
+            len,
+            Dest::Buffer(out, Stores::for_destination(len)),
+        )
     }
 
     fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
         let (Some(out_pair), Some(in_pair)) = (&self.pairs[to], &self.pairs[from]) else {
-            let (len, stores) = (out.len(), Stores::for_destination(out.len()));
-            return threaded_send_recv_with(self, to, data, from, len, &mut |offset, piece| {
-                copy(stores, &mut out[offset..offset + piece.len()], piece)
+            // A TCP peer on one side: a whole message each way, as a step on either kind of
+            // link takes on every rank, the sending on a second thread.
+            let _call = CallScope::new(self);
+            return std::thread::scope(|s| {
+                let sender = s.spawn(|| self.send(to, data));
+                let received = self.recv(from, out);
+                let sent = sender
+                    .join()
+                    .unwrap_or_else(|_| Err(CommError::Peer("the sending thread panicked".into())));
+                received.and(sent)
             });
         };
         let len = out.len();
@@ -658,7 +707,7 @@ impl Transport for ShmTcpTransport {
         sink: Sink<'_>,
     ) -> Result<()> {
         let (Some(out_pair), Some(in_pair)) = (&self.pairs[to], &self.pairs[from]) else {
-            return threaded_send_recv_with(self, to, data, from, len, sink);
+            return self.mixed_send_recv_with(to, data, from, len, sink);
         };
         self.exchange((to, out_pair), data, (from, in_pair), len, Dest::Sink(sink))
     }
