@@ -340,7 +340,7 @@ fn slurm_across_nodes(bin: &Path) {
     let salloc = "salloc -N2 --ntasks-per-node=1 --qos boost_qos_dbg --time 5 srun hostname";
     let salloc = as_written(salloc, &sourced, bin).output().unwrap();
     // The other multi-node scripts: each job's output, read back.
-    let mut others = vec!["sbatch --wait slurm/03-multinode-2x4.sbatch"];
+    let mut others = vec!["sbatch --wait slurm/03-multinode-2x4.sbatch --size-mb 8"];
     let sweep = "OPS=all_gather MIN_BYTES=1M MAX_BYTES=16M FACTOR=4 ITERS=5 WARMUP=1 OUT_DIR=/tmp/box-bench sbatch --wait slurm/04-bench-sweep.sbatch";
     others.push(sweep);
     let torchrun =
@@ -359,7 +359,8 @@ fn slurm_across_nodes(bin: &Path) {
                 .next()
                 .unwrap_or_default()
                 .to_string();
-            let name = line.rsplit('/').next().unwrap().trim_end_matches(".sbatch");
+            let script = line.split_whitespace().find(|w| w.ends_with(".sbatch")).unwrap();
+            let name = script.rsplit('/').next().unwrap().trim_end_matches(".sbatch");
             let file = Path::new(REPO).join(format!("{name}-{id}.out"));
             let job = std::fs::read_to_string(&file).unwrap_or_default();
             let _ = std::fs::remove_file(&file);
