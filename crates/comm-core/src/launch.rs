@@ -71,7 +71,7 @@ pub fn rank_life(
     let rank = topology.rank;
     let job = match Job::rendezvous(&topology, settings) {
         Ok(job) => job,
-        Err(e) => return crate::failure_record::report_failure(rank, &e),
+        Err(e) => return report(rank, &e),
     };
     if rank == 0 {
         println!("{}", job.selection());
@@ -82,16 +82,33 @@ pub fn rank_life(
                 announce_trace(rank, settings.trace.as_deref());
                 0
             }
-            Err(e) => crate::failure_record::report_failure(rank, &e),
+            Err(e) => report(rank, &e),
         },
         Err(e) => {
-            let code = crate::failure_record::report_failure(rank, &e);
+            let code = report(rank, &e);
             job.abort(&e);
             job.linger();
             code
         }
     }
 }
+
+/// Reports this rank's failure `e`. A lost store is often the news of the job ending under this
+/// rank arriving by the wrong door: rank 0 stopped because another rank failed or vanished, and
+/// the reason is on its way to this rank's watcher (`job/abort`). The watcher gets a moment to
+/// report that cause first (it then ends the process); only then is the lost store reported.
+fn report(rank: usize, e: &CommError) -> i32 {
+    if matches!(e, CommError::StoreLost { .. }) {
+        let until = std::time::Instant::now() + WATCHER_GRACE;
+        while !crate::failure_record::reported() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    crate::failure_record::report_failure(rank, e)
+}
+
+/// How long a rank that lost the store waits for its watcher's news of why (see [`report`]).
+const WATCHER_GRACE: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// `main`'s exit code from [`run`]'s.
 pub fn exit_code(code: i32) -> ExitCode {
