@@ -8,9 +8,9 @@ The Rust twin: examples/00-hello-world.rs (it prints "cpu" for the backend where
 
 import torch.distributed as dist
 
-from course import setup
+from course import say, setup
 
 rank, world_size, local_rank, device = setup()
-print(f"Hello from rank {rank} of {world_size} (local rank {local_rank}) on {device} "
-      f"with the {dist.get_backend()} backend", flush=True)
+say(f"Hello from rank {rank} of {world_size} (local rank {local_rank}) on {device} "
+    f"with the {dist.get_backend()} backend")
 dist.destroy_process_group()

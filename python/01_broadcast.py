@@ -8,10 +8,10 @@ The Rust twin: examples/01-broadcast.rs.
 import torch
 import torch.distributed as dist
 
-from course import print_grid, setup
+from course import print_grid, say, setup
 
 rank, world_size, local_rank, device = setup()
-print(f"Rank {rank} using device: {device}", flush=True)
+say(f"Rank {rank} using device: {device}")
 
 # The root holds the data; everyone else starts empty.
 value = 42.0 if rank == 0 else 0.0

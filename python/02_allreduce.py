@@ -8,10 +8,10 @@ The Rust twin: examples/02-allreduce.rs.
 import torch
 import torch.distributed as dist
 
-from course import print_grid, setup
+from course import print_grid, say, setup
 
 rank, world_size, local_rank, device = setup()
-print(f"Rank {rank} using device: {device}", flush=True)
+say(f"Rank {rank} using device: {device}")
 
 tensor = torch.ones(4, device=device)
 print_grid("Before reduce:", tensor)

@@ -8,10 +8,10 @@ The Rust twin: examples/04-allgather.rs.
 import torch
 import torch.distributed as dist
 
-from course import print_grid, setup
+from course import print_grid, say, setup
 
 rank, world_size, local_rank, device = setup()
-print(f"Rank {rank} using device: {device}", flush=True)
+say(f"Rank {rank} using device: {device}")
 
 # This rank's block, and room for everyone's.
 mine = torch.full((2,), rank + 1.0, device=device)

@@ -8,10 +8,10 @@ The Rust twin: examples/05-reduce-scatter.rs.
 import torch
 import torch.distributed as dist
 
-from course import print_grid, setup
+from course import print_grid, say, setup
 
 rank, world_size, local_rank, device = setup()
-print(f"Rank {rank} using device: {device}", flush=True)
+say(f"Rank {rank} using device: {device}")
 
 # world_size blocks of 2 on every rank: 1, 2, 3, ... so each block is told apart.
 everything = torch.arange(1, 2 * world_size + 1, dtype=torch.float32, device=device)

@@ -11,6 +11,7 @@ CUDA it is Gloo on CPU tensors.
 """
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,13 @@ def setup():
         torch.set_num_threads(1)  # ranks share the cores: one thread each
         dist.init_process_group("gloo")
     return rank, dist.get_world_size(), local_rank, device
+
+
+def say(line):
+    """Prints a line in one write: the workers of a node share torchrun's stdout, and print()
+    writes the newline apart, so another rank's line could land between the two."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def cell(value):
@@ -68,4 +76,4 @@ def print_grid(title, tensor):
     rows = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, tensor)
     if dist.get_rank() == 0:
-        print(render(title, [r.tolist() for r in rows]), end="", flush=True)
+        say(render(title, [r.tolist() for r in rows]).rstrip("\n") + "\n")
