@@ -359,8 +359,15 @@ fn slurm_across_nodes(bin: &Path) {
                 .next()
                 .unwrap_or_default()
                 .to_string();
-            let script = line.split_whitespace().find(|w| w.ends_with(".sbatch")).unwrap();
-            let name = script.rsplit('/').next().unwrap().trim_end_matches(".sbatch");
+            let script = line
+                .split_whitespace()
+                .find(|w| w.ends_with(".sbatch"))
+                .unwrap();
+            let name = script
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .trim_end_matches(".sbatch");
             let file = Path::new(REPO).join(format!("{name}-{id}.out"));
             let job = std::fs::read_to_string(&file).unwrap_or_default();
             let _ = std::fs::remove_file(&file);
