@@ -74,9 +74,13 @@ fn ring_step(state: &mut Buffers, half: Half, step: usize) -> String {
             "reduce-scatter, step {step} of {steps}: each rank sent one block to the next and \
              added the block it got"
         ),
+        Half::AllGather if step == 1 => {
+            format!("all-gather, step 1 of {steps}: each rank sent its own block to the next")
+        }
         Half::AllGather => format!(
-            "all-gather, step {step} of {steps}: each rank sent the last block it completed to \
-             the next"
+            "all-gather, step {step} of {steps}: each rank sent the block it got in step {} to \
+             the next",
+            step - 1
         ),
     }
 }

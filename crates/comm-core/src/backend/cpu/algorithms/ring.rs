@@ -220,12 +220,19 @@ fn ring_all_gather_steps<T: Element>(
         let recv_block = blocks[(rank + 2 * n - step - 1) % n].clone();
         let (outgoing, incoming) = split_pair(buf, send_block, recv_block);
         t.send_recv(next, cast_slice(outgoing), prev, cast_slice_mut(incoming))?;
-        let title = || {
-            format!(
-                "all-gather, step {} of {}: each rank sent the last block it completed to the next",
-                step + 1,
+        // Step 1 sends the rank's own block (in an all-reduce, the one it finished summing);
+        // every later step passes on the block that arrived in the step before.
+        let title = || match step {
+            0 => format!(
+                "all-gather, step 1 of {}: each rank sent its own block to the next",
                 n - 1
-            )
+            ),
+            _ => format!(
+                "all-gather, step {} of {}: each rank sent the block it got in step {} to the next",
+                step + 1,
+                n - 1,
+                step
+            ),
         };
         steps::after(title, cast_slice(buf))?;
     }
