@@ -267,44 +267,59 @@ fn without_steps_no_step_is_shown() {
     }
 }
 
-/// The book's picture of the ring all-reduce is drawn from a real run, by the commands
-/// docs/src/watching.md shows, and must be what they draw now: the picture cannot drift from the
-/// code. `NCCL_WORKSHOP_UPDATE_PICTURES=1` writes the new one instead of failing.
+/// The book's pictures of the ring all-reduce, all-gather and reduce-scatter are drawn from real
+/// runs, by the commands docs/src/watching.md, 04-allgather.md and 05-reduce-scatter.md show,
+/// and must be what they draw now: the pictures cannot drift from the code.
+/// `NCCL_WORKSHOP_UPDATE_PICTURES=1` writes the new ones instead of failing.
 #[test]
-fn the_books_ring_picture_is_drawn_from_a_real_run() {
+fn the_books_ring_pictures_are_drawn_from_real_runs() {
     let dir = scratch("ring-picture");
-    // cargo run --example 02-allreduce -- -n 3 --len 3 --steps --algo ring --backend cpu > ring-steps.txt
-    let stdout = run(
-        "02-allreduce",
-        &["-n", "3", "--len", "3", "--steps", "--algo", "ring"],
-    );
-    std::fs::write(dir.join("ring-steps.txt"), &stdout).unwrap();
-    // target/release/comm-bench grids ring-steps.txt -o ring-allreduce.svg
-    let drawn = Command::new(test_support::build::binary("comm-bench", "comm-bench"))
-        .args(["grids", "ring-steps.txt", "-o", "ring-allreduce.svg"])
-        .current_dir(&dir)
-        .output()
-        .unwrap();
-    assert!(drawn.status.success(), "{drawn:?}");
-    let picture = std::fs::read_to_string(dir.join("ring-allreduce.svg")).unwrap();
-    let book =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/images/ring-allreduce.svg");
-    if std::env::var_os("NCCL_WORKSHOP_UPDATE_PICTURES").is_some() {
-        std::fs::write(&book, &picture).unwrap();
-    }
-    let committed = std::fs::read_to_string(&book).unwrap();
-    assert!(
-        committed == picture,
-        "{} differs from what the commands draw now: rerun this test with \
-         NCCL_WORKSHOP_UPDATE_PICTURES=1 and commit the picture",
-        book.display()
-    );
-    for title in [
-        "reduce-scatter, step 2 of 2",
-        "all-gather, step 2 of 2",
-        "After reduce:",
-    ] {
-        assert!(picture.contains(title), "{title}");
+    let pictures = [
+        // cargo run --example 02-allreduce -- -n 3 --len 3 --steps --algo ring --backend cpu > ring-steps.txt
+        // target/release/comm-bench grids ring-steps.txt -o ring-allreduce.svg
+        (
+            "02-allreduce",
+            &["-n", "3", "--len", "3", "--steps", "--algo", "ring"][..],
+            "ring-allreduce.svg",
+        ),
+        // cargo run --example 04-allgather -- -n 3 --steps --backend cpu > allgather-steps.txt
+        // target/release/comm-bench grids allgather-steps.txt -o ring-allgather.svg
+        (
+            "04-allgather",
+            &["-n", "3", "--steps"][..],
+            "ring-allgather.svg",
+        ),
+        // cargo run --example 05-reduce-scatter -- -n 3 --steps --backend cpu > reduce-scatter-steps.txt
+        // target/release/comm-bench grids reduce-scatter-steps.txt -o ring-reduce-scatter.svg
+        (
+            "05-reduce-scatter",
+            &["-n", "3", "--steps"][..],
+            "ring-reduce-scatter.svg",
+        ),
+    ];
+    for (example, args, name) in pictures {
+        let stdout = run(example, args);
+        std::fs::write(dir.join("steps.txt"), &stdout).unwrap();
+        let drawn = Command::new(test_support::build::binary("comm-bench", "comm-bench"))
+            .args(["grids", "steps.txt", "-o", name])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(drawn.status.success(), "{drawn:?}");
+        let picture = std::fs::read_to_string(dir.join(name)).unwrap();
+        let book = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("docs/src/images")
+            .join(name);
+        if std::env::var_os("NCCL_WORKSHOP_UPDATE_PICTURES").is_some() {
+            std::fs::write(&book, &picture).unwrap();
+        }
+        let committed = std::fs::read_to_string(&book).unwrap_or_default();
+        assert!(
+            committed == picture,
+            "{} differs from what the commands draw now: rerun this test with \
+             NCCL_WORKSHOP_UPDATE_PICTURES=1 and commit the picture",
+            book.display()
+        );
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

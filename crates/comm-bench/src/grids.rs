@@ -89,12 +89,17 @@ pub fn svg(grids: &[Printed]) -> String {
                 "<text x=\"10\" y=\"{}\">rank {rank}</text>",
                 y + CELL_H - 8
             );
+            // Cells are compared by place only between rows of one shape: a rank's block before
+            // an all-gather, or after a reduce-scatter, is not the same cells as its whole buffer.
+            let same_shape = |other: Option<&Vec<String>>| match other {
+                Some(o) if o.len() == row.len() => o.clone(),
+                _ => Vec::new(),
+            };
+            let earlier = same_shape(before.and_then(|b| b.get(rank)));
+            let finished = same_shape(last.get(rank));
             for (i, cell) in row.iter().enumerate() {
-                let changed = before
-                    .and_then(|b| b.get(rank))
-                    .and_then(|r| r.get(i))
-                    .is_some_and(|old| old != cell);
-                let done = last.get(rank).and_then(|r| r.get(i)) == Some(cell);
+                let changed = earlier.get(i).is_some_and(|old| old != cell);
+                let done = finished.get(i) == Some(cell);
                 let fill = match (changed, done) {
                     (true, _) => "#ffd27f",
                     (false, true) => "#b7e4b0",
