@@ -1,0 +1,463 @@
+//! The exercises at the end of the lesson chapters (`## Exercise`, a ```bash block of commands,
+//! the answer folded in `<details>`) stay true: every lesson has one, and each exercise's
+//! commands run here exactly as written (after the one build command: `target/release/NAME` and
+//! `cargo run --release --example NAME -- ARGS` are the built program), and a check written for
+//! that exercise reads their output and asserts what the answer claims. Claims about speed
+//! (which is faster) are tried up to three times, since other work may share the machine; the
+//! answers state relations and shapes, never this machine's microseconds.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use test_support::build::the_one_build;
+use test_support::grid::{expect_cells, grid};
+use test_support::process::{self, Plainly};
+
+/// Every lesson chapter: each must end with an exercise and its answer.
+const LESSONS: &[&str] = &[
+    "00-hello-world.md",
+    "01-broadcast.md",
+    "02-allreduce.md",
+    "watching.md",
+    "04-allgather.md",
+    "05-reduce-scatter.md",
+    "03-gloo-vs-nccl.md",
+    "benchmarking.md",
+    "curve.md",
+    "transports.md",
+    "training.md",
+    "cluster-in-a-box.md",
+];
+
+/// Exercises this test does not run, and why.
+const SKIPPED: &[(&str, &str)] = &[(
+    "cluster-in-a-box.md",
+    "it needs root and the box itself (network namespaces, a shaped link): tests/cluster.rs runs the box where it can",
+)];
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src")
+}
+
+/// A chapter's exercise: the commands of its ```bash block and the answer's text.
+struct Exercise {
+    commands: Vec<String>,
+    answer: String,
+}
+
+fn exercise(chapter: &str) -> Result<Exercise, String> {
+    let text = std::fs::read_to_string(src().join(chapter)).map_err(|e| format!("{e}"))?;
+    let (_, rest) = text
+        .split_once("\n## Exercise\n")
+        .ok_or("no `## Exercise` section")?;
+    let rest = rest.split("\n## ").next().unwrap();
+    let (task, answer) = rest
+        .split_once("<details>")
+        .ok_or("no answer folded in <details>")?;
+    let answer = answer
+        .split_once("</details>")
+        .ok_or("<details> is not closed")?
+        .0;
+    if !answer.trim_start().starts_with("<summary>Answer</summary>") {
+        return Err("the <details> does not start with <summary>Answer</summary>".into());
+    }
+    let commands = match task.split_once("```bash\n") {
+        Some((_, block)) => block
+            .split_once("```")
+            .ok_or("the ```bash block is not closed")?
+            .0
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(String::from)
+            .collect(),
+        None => vec![],
+    };
+    Ok(Exercise {
+        commands,
+        answer: answer.to_string(),
+    })
+}
+
+/// The chapters of SUMMARY.md (file names relative to docs/src).
+fn chapters() -> Vec<String> {
+    let summary = std::fs::read_to_string(src().join("SUMMARY.md")).unwrap();
+    summary
+        .lines()
+        .filter_map(|l| l.split_once("](").map(|(_, rest)| rest))
+        .filter_map(|rest| rest.split_once(')').map(|(target, _)| target.to_string()))
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+#[test]
+fn every_lesson_ends_with_an_exercise_and_its_answer() {
+    let mut missing = Vec::new();
+    for chapter in LESSONS {
+        match exercise(chapter) {
+            Err(why) => missing.push(format!("{chapter}: {why}")),
+            Ok(ex) => {
+                if ex
+                    .answer
+                    .split("</summary>")
+                    .nth(1)
+                    .unwrap()
+                    .trim()
+                    .is_empty()
+                {
+                    missing.push(format!("{chapter}: the answer is empty"));
+                }
+                let skipped = SKIPPED.iter().any(|(c, _)| c == chapter);
+                if ex.commands.is_empty() && !skipped {
+                    missing.push(format!(
+                        "{chapter}: no ```bash block with the commands to run"
+                    ));
+                }
+            }
+        }
+    }
+    // A chapter that has an exercise but is not a lesson here would go unchecked.
+    for chapter in chapters() {
+        let text = std::fs::read_to_string(src().join(&chapter)).unwrap();
+        if text.contains("\n## Exercise\n") && !LESSONS.contains(&chapter.as_str()) {
+            missing.push(format!("{chapter}: has an exercise; add it to LESSONS"));
+        }
+    }
+    for chapter in LESSONS {
+        assert!(
+            chapters().iter().any(|c| c == chapter),
+            "{chapter} is not in SUMMARY.md"
+        );
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+/// A command of an exercise, run as written from the repository root, on the CPU as the book
+/// shows it (GPUs hidden). Returns whether it succeeded, and stdout then stderr.
+fn run(command: &str) -> (bool, String) {
+    let build = the_one_build();
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let (program, args): (PathBuf, &[&str]) = match words.as_slice() {
+        ["cargo", "run", "--release", "--example", name, "--", args @ ..]
+        | ["cargo", "run", "--example", name, "--", args @ ..] => (build.join(name), args),
+        [program, args @ ..] if program.starts_with("target/release/") => (
+            build.join(program.strip_prefix("target/release/").unwrap()),
+            args,
+        ),
+        _ => panic!(
+            "cannot run `{command}`: only `target/release/NAME ARGS` or `cargo run [--release] --example NAME -- ARGS`"
+        ),
+    };
+    let mut cmd = Command::new(&program);
+    cmd.args(args)
+        .plainly()
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    let done = process::start(&mut cmd).finish(Duration::from_secs(60));
+    (
+        done.status.success(),
+        format!("{}{}", done.stdout, done.stderr),
+    )
+}
+
+/// Runs every command, each required to succeed; their outputs in order.
+fn run_all(commands: &[String]) -> Result<Vec<String>, String> {
+    commands
+        .iter()
+        .map(|c| match run(c) {
+            (true, out) => Ok(out),
+            (false, out) => Err(format!("`{c}` failed:\n{out}")),
+        })
+        .collect()
+}
+
+/// One row of a comm-bench table: the collective (from the header above it), size, and per
+/// placement (out-of-place, in-place) time, algbw, busbw and #wrong where measured.
+#[derive(Debug)]
+struct Row {
+    collective: String,
+    size: u64,
+    placements: Vec<[f64; 4]>,
+}
+
+fn bench_rows(output: &str) -> Vec<Row> {
+    let mut collective = String::new();
+    let mut rows = Vec::new();
+    for line in output.lines() {
+        if let Some(rest) = line.strip_prefix("# comm-bench ") {
+            let after = rest.split_once(": ").map(|(_, a)| a).unwrap_or("");
+            collective = after.split_whitespace().next().unwrap_or("").to_string();
+            continue;
+        }
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        if line.starts_with('#') || cols.len() != 13 || cols[0].parse::<u64>().is_err() {
+            continue;
+        }
+        let placements = [&cols[5..9], &cols[9..13]]
+            .iter()
+            .filter(|p| p[0] != "n/a")
+            .map(|p| {
+                let v: Vec<f64> = p.iter().map(|c| c.parse().unwrap()).collect();
+                [v[0], v[1], v[2], v[3]]
+            })
+            .collect();
+        rows.push(Row {
+            collective: collective.clone(),
+            size: cols[0].parse().unwrap(),
+            placements,
+        });
+    }
+    assert!(!rows.is_empty(), "no comm-bench rows in:\n{output}");
+    rows
+}
+
+/// The time of the first placement measured at `size`.
+fn time_at(rows: &[Row], size: u64) -> f64 {
+    rows.iter()
+        .find(|r| r.size == size)
+        .unwrap_or_else(|| panic!("no row of {size} B in {rows:?}"))
+        .placements[0][0]
+}
+
+fn no_wrong(rows: &[Row]) -> Result<(), String> {
+    match rows
+        .iter()
+        .find(|r| r.placements.iter().any(|p| p[3] != 0.0))
+    {
+        Some(r) => Err(format!("wrong elements: {r:?}")),
+        None => Ok(()),
+    }
+}
+
+/// The title line that starts with `start` (the steps' titles go on to say what moved).
+fn title<'a>(output: &'a str, start: &str) -> &'a str {
+    output
+        .lines()
+        .find(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("no line starting {start:?} in:\n{output}"))
+}
+
+fn titles(output: &str, start: &str) -> usize {
+    output.lines().filter(|l| l.starts_with(start)).count()
+}
+
+/// The ranks whose every cell in the grid under `title` is `value`.
+fn holding(output: &str, title: &str, value: &str) -> BTreeSet<usize> {
+    grid(output, title)
+        .iter()
+        .enumerate()
+        .filter(|(_, row)| row.iter().all(|c| c == value))
+        .map(|(rank, _)| rank)
+        .collect()
+}
+
+fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(what())
+    }
+}
+
+/// Each exercise's claim, checked on its commands' outputs. Deterministic claims panic;
+/// claims about speed return Err (and are tried again).
+fn check(chapter: &str, commands: &[String]) -> Result<(), String> {
+    match chapter {
+        "00-hello-world.md" => {
+            let out = &run_all(commands)?[0];
+            let ranks: BTreeSet<usize> = out
+                .lines()
+                .filter_map(|l| l.strip_prefix("Hello from rank "))
+                .map(|rest| {
+                    let rank: usize = rest.split_whitespace().next().unwrap().parse().unwrap();
+                    assert!(
+                        rest.starts_with(&format!(
+                            "{rank} of 5 (local rank {rank}) on cpu:{rank} "
+                        )),
+                        "{rest}"
+                    );
+                    rank
+                })
+                .collect();
+            assert_eq!(titles(out, "Hello from rank "), 5, "{out}");
+            assert_eq!(ranks, (0..5).collect(), "{out}");
+            assert!(
+                out.lines().any(|l| l == "transport: tcp (requested)"),
+                "{out}"
+            );
+        }
+        "01-broadcast.md" => {
+            let out = &run_all(commands)?[0];
+            assert_eq!(titles(out, "tree broadcast, round "), 3, "{out}");
+            let round = |k| title(out, &format!("tree broadcast, round {k} of 3:"));
+            assert_eq!(holding(out, round(1), "42"), BTreeSet::from([0, 4]));
+            assert_eq!(holding(out, round(2), "42"), BTreeSet::from([0, 2, 4]));
+            expect_cells(&grid(out, "After broadcast:"), 5, 2, |_| "42");
+        }
+        "02-allreduce.md" => {
+            let out = &run_all(commands)?[0];
+            assert_eq!(titles(out, "reduce-scatter, step "), 3, "{out}");
+            assert_eq!(titles(out, "all-gather, step "), 3, "{out}");
+            let rows = grid(out, title(out, "reduce-scatter, step 3 of 3"));
+            assert_eq!(rows.len(), 4);
+            for (r, row) in rows.iter().enumerate() {
+                for (i, cell) in row.iter().enumerate() {
+                    assert_eq!(cell == "4", i / 2 == r, "rank {r}: {row:?}");
+                }
+            }
+            expect_cells(&grid(out, "After reduce:"), 4, 8, |_| "4");
+        }
+        "watching.md" => {
+            let outs = run_all(commands)?;
+            let (direct, ring) = (bench_rows(&outs[0]), bench_rows(&outs[1]));
+            no_wrong(&direct)?;
+            no_wrong(&ring)?;
+            let (d, r) = (time_at(&direct, 1024), time_at(&ring, 1024));
+            ensure(d < r, || format!("at 1 KiB direct {d} us, ring {r} us"))?;
+            let (d, r) = (time_at(&direct, 4 << 20), time_at(&ring, 4 << 20));
+            ensure(r < d, || format!("at 4 MiB direct {d} us, ring {r} us"))?;
+        }
+        "04-allgather.md" => {
+            let out = &run_all(commands)?[0];
+            assert_eq!(titles(out, "all-gather, step "), 3, "{out}");
+            let rows = grid(out, title(out, "all-gather, step 1 of 3"));
+            assert_eq!(rows[0], ["1", "1", "0", "0", "0", "0", "4", "4"], "{out}");
+            let all = grid(out, "After all-gather:");
+            assert_eq!(all.len(), 4);
+            for row in all {
+                assert_eq!(row, ["1", "1", "2", "2", "3", "3", "4", "4"], "{out}");
+            }
+        }
+        "05-reduce-scatter.md" => {
+            let out = &run_all(commands)?[0];
+            let before = grid(out, "Before reduce-scatter:");
+            assert_eq!(before.len(), 4);
+            for row in before {
+                assert_eq!(row, ["1", "2", "3", "4"], "{out}");
+            }
+            let after = grid(out, "After reduce-scatter (block r on rank r):");
+            expect_cells(&after, 4, 1, |r| (4 * (r + 1)).to_string());
+        }
+        "03-gloo-vs-nccl.md" => {
+            let outs = run_all(commands)?;
+            let took = |out: &str| -> f64 {
+                let line = title(out, "Rank 0 (Gloo): all-reduce 8 MB took ");
+                let ms = line.split(" took ").nth(1).unwrap();
+                ms.split_whitespace().next().unwrap().parse().unwrap()
+            };
+            assert!(outs[0].contains("\ntransport: shm "), "{}", outs[0]);
+            assert!(outs[1].contains("\ntransport: tcp "), "{}", outs[1]);
+            let (shm, tcp) = (took(&outs[0]), took(&outs[1]));
+            ensure(shm < tcp, || format!("shm {shm} ms, tcp {tcp} ms"))?;
+        }
+        "benchmarking.md" => {
+            let rows = bench_rows(&run_all(commands)?[0]);
+            no_wrong(&rows)?;
+            for (collective, factor) in [("all_gather", 0.75), ("all_reduce", 1.5)] {
+                let mine: Vec<&Row> = rows.iter().filter(|r| r.collective == collective).collect();
+                assert!(!mine.is_empty(), "no {collective} rows: {rows:?}");
+                for row in mine {
+                    for p in &row.placements {
+                        // Both printed to 2 decimals.
+                        assert!(
+                            (p[2] - factor * p[1]).abs() <= 0.02,
+                            "{collective}: busbw {} is not {factor} × algbw {}",
+                            p[2],
+                            p[1]
+                        );
+                    }
+                }
+            }
+        }
+        "curve.md" => {
+            let out = &run_all(commands)?[0];
+            let rows: Vec<(u64, String, String)> = out
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .filter(|c| c.len() == 10 && c[0].parse::<u64>().is_ok())
+                .map(|c| (c[0].parse().unwrap(), c[8].to_string(), c[9].to_string()))
+                .collect();
+            assert_eq!(rows.len(), 11, "8 B to 8 GiB by 8:\n{out}");
+            let last_tree = rows.iter().rposition(|r| r.1 == "tree").unwrap();
+            let first_ring = rows.iter().position(|r| r.1 == "ring").unwrap();
+            assert_eq!(last_tree + 1, first_ring, "one switch:\n{out}");
+            assert_eq!(
+                (rows[last_tree].0, rows[first_ring].0),
+                (128 << 20, 1 << 30),
+                "{out}"
+            );
+            let order = ["LL", "LL128", "Simple"];
+            let protos: Vec<usize> = rows
+                .iter()
+                .map(|r| order.iter().position(|p| *p == r.2).unwrap())
+                .collect();
+            assert!(protos.windows(2).all(|w| w[0] <= w[1]), "{out}");
+            assert_eq!((protos[0], protos[protos.len() - 1]), (0, 2), "{out}");
+        }
+        "transports.md" => {
+            let (ok, out) = run(&commands[0]);
+            assert!(ok, "{out}");
+            assert!(out.contains("two copies through its rings"), "{out}");
+            no_wrong(&bench_rows(&out))?;
+            let (ok, out) = run(&commands[1]);
+            if ok {
+                assert!(out.contains("one copy for every message"), "{out}");
+                no_wrong(&bench_rows(&out))?;
+            } else {
+                // The answer says so: a host may refuse cross-memory attach.
+                assert!(
+                    out.contains("cross-memory attach") || out.contains("ptrace"),
+                    "--copy single failed without saying why:\n{out}"
+                );
+            }
+        }
+        "training.md" => {
+            let outs = run_all(commands)?;
+            let weights = |out: &str| -> String {
+                let all: BTreeSet<&str> = out
+                    .lines()
+                    .filter_map(|l| l.split_once(": weights "))
+                    .filter(|(head, _)| head.starts_with("Rank "))
+                    .map(|(_, rest)| rest.split(',').next().unwrap())
+                    .collect();
+                assert_eq!(all.len(), 1, "every rank's weights the same: {out}");
+                all.into_iter().next().unwrap().to_string()
+            };
+            for (i, buckets) in [(0, "buckets: 4 "), (2, "buckets: 1 ")] {
+                assert!(outs[i].contains(buckets), "{}", outs[i]);
+                assert!(outs[i + 1].contains("overlap off"), "{}", outs[i + 1]);
+                assert_eq!(weights(&outs[i]), weights(&outs[i + 1]), "overlap or not");
+            }
+        }
+        other => panic!("{other}: write the check of its exercise here"),
+    }
+    Ok(())
+}
+
+#[test]
+fn every_exercise_runs_and_its_answer_holds() {
+    let mut failures = Vec::new();
+    for chapter in LESSONS {
+        if let Some((_, why)) = SKIPPED.iter().find(|(c, _)| c == chapter) {
+            println!("skipped {chapter}: {why}");
+            continue;
+        }
+        let ex = exercise(chapter).unwrap_or_else(|e| panic!("{chapter}: {e}"));
+        let mut last = String::new();
+        let held = (1..=3).any(|attempt| match check(chapter, &ex.commands) {
+            Ok(()) => true,
+            Err(why) => {
+                println!("{chapter}, attempt {attempt}: {why}");
+                last = why;
+                false
+            }
+        });
+        if !held {
+            failures.push(format!("{chapter}: {last}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
