@@ -72,10 +72,9 @@ fn series_text(
     let same_host = rows.iter().all(|r| r.host == here);
     let mut out = describe(label, fit, machine.filter(|_| same_host), table);
     if let Some(nodes) = Some(rows[0].nodes).filter(|&n| n > 1) {
-        // Across nodes the large sizes' B is the slowest link's: the network's, far below a
+        // Across nodes the large sizes' rate is the slowest link's: the network's, far below a
         // memory copy (a cluster in a box's shaped veth, Leonardo's InfiniBand).
-        let b = fit.model.memory_gbps().min(fit.model.large_gbps());
-        if b.is_finite() {
+        if let Some(b) = link_gbps(fit) {
             let _ = writeln!(
                 out,
                 "  Between the {nodes} nodes the largest sizes move at {b:.3} GB/s = {:.2} Gbit/s: \
@@ -92,4 +91,17 @@ fn series_text(
         );
     }
     out
+}
+
+/// The rate at which the path's bytes cross between the two largest sizes of a fit: the extra
+/// bytes over the extra time, so the steps' fixed costs cancel. Across nodes, the link's rate.
+fn link_gbps(fit: &Fit) -> Option<f64> {
+    let [.., small, large] = fit.points.as_slice() else {
+        return None;
+    };
+    let (bytes, us) = (
+        large.path.bytes - small.path.bytes,
+        large.time_us - small.time_us,
+    );
+    (bytes > 0.0 && us > 0.0).then(|| bytes / us / 1e3)
 }
