@@ -8,33 +8,19 @@
 //! included from the real files), output blocks (and how many are checked).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use test_support::backend::{self, Kind};
+use test_support::book::{chapters, src};
 use test_support::build::{example, the_one_build};
 use test_support::process::{self, Plainly, Tag};
 use test_support::torch;
 
 const CHECKED: &str = "<!-- output: ";
 const ILLUSTRATIVE: &str = "<!-- output-illustrative: ";
-
-fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src")
-}
-
-/// The chapters of SUMMARY.md, in order (file names relative to docs/src).
-fn chapters() -> Vec<String> {
-    let summary = std::fs::read_to_string(src().join("SUMMARY.md")).unwrap();
-    summary
-        .lines()
-        .filter_map(|l| l.split_once("](").map(|(_, rest)| rest))
-        .filter_map(|rest| rest.split_once(')').map(|(target, _)| target.to_string()))
-        .filter(|t| !t.is_empty())
-        .collect()
-}
 
 #[derive(Debug, PartialEq)]
 enum Mark {

@@ -208,6 +208,24 @@ fn an_interrupted_up_leaves_nothing() {
     panic!("no SIGINT landed while up was making the box");
 }
 
+/// The chapter's lines `line(0)` and `line(1)` (one per node) run together as written, each
+/// succeeding within `limit`.
+fn on_both_nodes(
+    line: impl Fn(usize) -> String,
+    bin: &Path,
+    limit: Duration,
+    what: &str,
+) -> Vec<Finished> {
+    let out = run_together(
+        vec![as_written(&line(0), "", bin), as_written(&line(1), "", bin)],
+        limit,
+    );
+    for (node, o) in out.iter().enumerate() {
+        o.assert_success(&format!("{what} on node{node}"));
+    }
+    out
+}
+
 /// Seed 000's two shells, verbatim: rank 0 on node0, rank 1 on node1, meeting across the link.
 fn seed_000(bin: &Path) {
     let line = |r: usize| {
@@ -215,13 +233,7 @@ fn seed_000(bin: &Path) {
             "sudo scripts/cluster.sh exec node{r} target/release/03-multinode-gloo-vs-nccl --world_size 2 --rank {r} --master_addr 10.0.0.1 --master_port 29502"
         )
     };
-    let out = run_together(
-        vec![as_written(&line(0), "", bin), as_written(&line(1), "", bin)],
-        Duration::from_secs(120),
-    );
-    for o in &out {
-        o.assert_success("seed 000's command on a node");
-    }
+    let out = on_both_nodes(line, bin, Duration::from_secs(120), "seed 000's command");
     let rank0 = &out[0].stdout;
     assert!(
         rank0.contains("transport: tcp (no other rank on this host)"),
@@ -240,13 +252,7 @@ fn seed_003(bin: &Path) {
             "sudo -E env PATH=\"$PATH\" scripts/cluster.sh exec node{r} torchrun --nnodes=2 --nproc_per_node=2 --node_rank={r} --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29500 --no-python target/release/02-allreduce"
         )
     };
-    let out = run_together(
-        vec![as_written(&line(0), "", bin), as_written(&line(1), "", bin)],
-        Duration::from_secs(180),
-    );
-    for o in &out {
-        o.assert_success("seed 003's torchrun on a node");
-    }
+    let out = on_both_nodes(line, bin, Duration::from_secs(180), "seed 003's torchrun");
     let all = format!("{}{}", out[0].stdout, out[1].stdout);
     assert!(
         all.contains("transport: shm+tcp (rank 0: shared memory to 1 rank of its host, TCP to 2)"),

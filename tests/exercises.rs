@@ -7,10 +7,11 @@
 //! checks that both runs measured every size, and prints the times for whoever reads the log.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use test_support::book::{chapters, src};
 use test_support::build::the_one_build;
 use test_support::grid::{expect_cells, grid};
 use test_support::process::{self, Plainly};
@@ -36,10 +37,6 @@ const SKIPPED: &[(&str, &str)] = &[(
     "cluster-in-a-box.md",
     "it needs root and the box itself (network namespaces, a shaped link): tests/cluster.rs runs the box where it can",
 )];
-
-fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src")
-}
 
 /// A chapter's exercise: the commands of its ```bash block and the answer's text.
 struct Exercise {
@@ -79,17 +76,6 @@ fn exercise(chapter: &str) -> Result<Exercise, String> {
         commands,
         answer: answer.to_string(),
     })
-}
-
-/// The chapters of SUMMARY.md (file names relative to docs/src).
-fn chapters() -> Vec<String> {
-    let summary = std::fs::read_to_string(src().join("SUMMARY.md")).unwrap();
-    summary
-        .lines()
-        .filter_map(|l| l.split_once("](").map(|(_, rest)| rest))
-        .filter_map(|rest| rest.split_once(')').map(|(target, _)| target.to_string()))
-        .filter(|t| !t.is_empty())
-        .collect()
 }
 
 #[test]

@@ -6,6 +6,7 @@
 //! A dev-dependency only, and a leaf: it must not depend on comm-core, whose tests use it.
 
 pub mod backend;
+pub mod book;
 pub mod build;
 pub mod grid;
 pub mod libnccl;

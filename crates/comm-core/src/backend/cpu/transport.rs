@@ -31,16 +31,7 @@ pub trait Transport: Send + Sync {
     /// halves share one deadline.
     fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
         let _call = CallScope::new(self);
-        std::thread::scope(|s| {
-            let sender = s.spawn(|| self.send(to, data));
-            let received = self.recv(from, out);
-            // A transport whose failed receive shuts its links (TCP) frees the sender at once,
-            // so it does not wait out the deadline.
-            let sent = sender
-                .join()
-                .unwrap_or_else(|_| Err(CommError::Peer("the sending thread panicked".into())));
-            received.and(sent)
-        })
+        send_while_receiving(|| self.send(to, data), || self.recv(from, out))
     }
 
     /// One step of a ring that combines what it receives: sends `data` to `to` while a message
@@ -91,9 +82,22 @@ pub fn threaded_send_recv_with<T: Transport + ?Sized>(
     sink: Sink<'_>,
 ) -> Result<()> {
     let _call = CallScope::new(t);
+    send_while_receiving(
+        || send_pieces(t, to, data),
+        || recv_pieces(t, from, len, sink),
+    )
+}
+
+/// Runs `send` on a second thread while this one runs `receive`, the two halves of a step; the
+/// receive's error first. A transport whose failed receive shuts its links (TCP) frees the
+/// sender at once, so it does not wait out the deadline.
+pub(crate) fn send_while_receiving(
+    send: impl FnOnce() -> Result<()> + Send,
+    receive: impl FnOnce() -> Result<()>,
+) -> Result<()> {
     std::thread::scope(|s| {
-        let sender = s.spawn(|| send_pieces(t, to, data));
-        let received = recv_pieces(t, from, len, sink);
+        let sender = s.spawn(send);
+        let received = receive();
         let sent = sender
             .join()
             .unwrap_or_else(|_| Err(CommError::Peer("the sending thread panicked".into())));

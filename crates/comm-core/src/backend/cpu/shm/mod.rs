@@ -38,8 +38,8 @@ use super::connected::{Connected, CopyChoice, TransportChoice, Wiring};
 use super::context::Context;
 use super::tcp::TcpTransport;
 use super::transport::{
-    piece, piece_count, recv_pieces, send_pieces, size_mismatch, CallScope, Deadline, Sink,
-    Transport,
+    piece, piece_count, recv_pieces, send_pieces, send_while_receiving, size_mismatch, CallScope,
+    Deadline, Sink, Transport,
 };
 use crate::error::{CommError, Result};
 use crate::store::Scoped;
@@ -346,20 +346,16 @@ impl ShmTcpTransport {
         sink: Sink<'_>,
     ) -> Result<()> {
         let _call = CallScope::new(self);
-        std::thread::scope(|s| {
-            let sender = s.spawn(|| match self.pairs[to] {
+        send_while_receiving(
+            || match self.pairs[to] {
                 Some(_) => self.send(to, data),
                 None => send_pieces(&self.tcp, to, data),
-            });
-            let received = match &self.pairs[from] {
+            },
+            || match &self.pairs[from] {
                 Some(pair) => self.recv_from(pair, from, len, Dest::Sink(sink)),
                 None => recv_pieces(&self.tcp, from, len, sink),
-            };
-            let sent = sender
-                .join()
-                .unwrap_or_else(|_| Err(CommError::Peer("the sending thread panicked".into())));
-            received.and(sent)
-        })
+            },
+        )
     }
 
     /// Whether a message of `len` bytes goes by one copy.
@@ -679,14 +675,7 @@ impl Transport for ShmTcpTransport {
             // A TCP peer on one side: a whole message each way, as a step on either kind of
             // link takes on every rank, the sending on a second thread.
             let _call = CallScope::new(self);
-            return std::thread::scope(|s| {
-                let sender = s.spawn(|| self.send(to, data));
-                let received = self.recv(from, out);
-                let sent = sender
-                    .join()
-                    .unwrap_or_else(|_| Err(CommError::Peer("the sending thread panicked".into())));
-                received.and(sent)
-            });
+            return send_while_receiving(|| self.send(to, data), || self.recv(from, out));
         };
         let len = out.len();
         let dest = Dest::Buffer(out, Stores::for_destination(len));
