@@ -8,6 +8,7 @@ Rank 0 compares torch's loss curve with ours step by step, and the final weights
 with 1 when they differ by more than the tolerance (see TOLERANCE).
 """
 
+import gc
 import json
 import os
 import sys
@@ -84,6 +85,7 @@ def main():
         dist.all_reduce(mean)
         losses.append(mean.item())
 
+    ok = True
     if rank == 0:
         with open(os.path.join(run, "losses.txt")) as f:
             ours = [float(line) for line in f]
@@ -96,9 +98,14 @@ def main():
         print(f"twin: {steps} steps on {world} ranks (torch {torch.__version__}, DDP on gloo): "
               f"worst relative loss difference {worst:.1e}, largest weight difference "
               f"{weights:.1e} (tolerance {TOLERANCE:g}): {'same curve' if ok else 'DIFFERENT'}")
-        dist.destroy_process_group()
-        sys.exit(0 if ok else 1)
+    # Every rank is done before any tears down, and DDP (whose reducer holds the process group
+    # and its threads) goes first: destroyed after the group, at the interpreter's exit, it can
+    # end the process in std::terminate ("terminate called without an active exception").
+    dist.barrier()
+    del opt, model
+    gc.collect()
     dist.destroy_process_group()
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
