@@ -472,13 +472,7 @@ fn the_pytorch_twin_follows_the_same_loss_curve() {
 fn torchrun_lines_in_docs() -> Vec<(String, String)> {
     let root = workspace_root();
     let mut files: Vec<PathBuf> = vec![root.join("README.md"), root.join("slurm/README.md")];
-    let mut chapters: Vec<PathBuf> = std::fs::read_dir(root.join("docs/src"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .collect();
-    chapters.sort();
-    files.extend(chapters);
+    files.extend(test_support::book::markdown_files());
     let mut found = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();

@@ -125,7 +125,8 @@ pub fn svg(grids: &[Printed]) -> String {
     out
 }
 
-fn escape(text: &str) -> String {
+/// `text` safe inside an SVG element (timeline.rs draws with it too).
+pub(crate) fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

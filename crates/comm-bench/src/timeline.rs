@@ -11,6 +11,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::BenchError;
+use crate::grids::escape;
 
 /// One slice of a rank's lane.
 #[derive(Debug, Clone, PartialEq)]
@@ -151,25 +152,7 @@ pub fn svg_named(slices: &[Slice], arrows: &[Arrow], names: &TrackNames) -> Stri
     let bottom = top + lanes.len() as f64 * LANE_H;
     // Room under the axis for the line saying what was cut, where something was.
     let height = bottom + if t0 > first { 56.0 } else { 40.0 };
-    let training = match training {
-        true => {
-            "<text x=\"10\" y=\"46\" fill=\"#446\">tan: compute (forward, backward by \
-                 layer, optimizer); red: waiting for a collective; peach: an asynchronous call \
-                 on the comm thread</text>\n"
-        }
-        false => "",
-    };
-    let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" \
-         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" \
-         fill=\"white\"/>\n<defs><marker id=\"head\" markerWidth=\"8\" markerHeight=\"8\" \
-         refX=\"7\" refY=\"4\" orient=\"auto\"><path d=\"M0,0 L8,4 L0,8 z\" \
-         fill=\"#333\"/></marker></defs>\n<text x=\"10\" y=\"16\" fill=\"#446\">grey: a \
-         collective call; blue: send; green: receive; purple: send and receive at once; \
-         arrows: messages</text>\n<text x=\"10\" y=\"31\" fill=\"#446\">orange: reducing \
-         what arrived; yellow: a local copy; pale yellow: into or out of a shared-memory ring; \
-         teal: reading the sender's buffer (one copy)</text>\n{training}"
-    );
+    let mut out = header(height, training);
     for (index, &(rank, _, track)) in lanes.iter().enumerate() {
         let y = lane(index);
         let _ = writeln!(out, "<text x=\"10\" y=\"{}\">rank {rank}</text>", y + 24.0);
@@ -178,38 +161,11 @@ pub fn svg_named(slices: &[Slice], arrows: &[Arrow], names: &TrackNames) -> Stri
                 out,
                 "<text x=\"10\" y=\"{}\" font-size=\"9\">{}</text>",
                 y + 36.0,
-                name.replace('&', "&amp;").replace('<', "&lt;")
+                escape(name)
             );
         }
     }
-    // Calls first, full lane height, behind the messages inside them, and the reductions inside
-    // those on top.
-    let depth = |kind: &str| match kind {
-        "async" => 0,
-        "call" | "compute" | "wait" => 1,
-        "send" | "recv" | "sendrecv" => 2,
-        _ => 3,
-    };
-    let mut ordered: Vec<&Slice> = slices.iter().collect();
-    ordered.sort_by_key(|s| depth(&s.kind));
-    for s in ordered {
-        let (inset, h) = match depth(&s.kind) {
-            0 => (0.0, LANE_H),
-            1 => (2.0, LANE_H - 4.0),
-            2 => (10.0, LANE_H - 20.0),
-            _ => (16.0, LANE_H - 32.0),
-        };
-        let _ = writeln!(
-            out,
-            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h}\" fill=\"{}\" \
-             stroke=\"#556\" stroke-width=\"0.5\"><title>{}</title></rect>",
-            x(s.start),
-            lane(lane_of(s.rank, s.track)) + inset,
-            (x(s.end) - x(s.start)).max(1.0),
-            colour(&s.kind),
-            s.name.replace('&', "&amp;").replace('<', "&lt;")
-        );
-    }
+    draw_slices(&mut out, slices, &x, &|s| lane(lane_of(s.rank, s.track)));
     for a in arrows {
         let _ = writeln!(
             out,
@@ -233,6 +189,67 @@ pub fn svg_named(slices: &[Slice], arrows: &[Arrow], names: &TrackNames) -> Stri
     }
     out.push_str("</svg>\n");
     out
+}
+
+/// The SVG's opening, `height` high, and its legend (the training kinds' line where the trace has
+/// them).
+fn header(height: f64, training: bool) -> String {
+    let training = match training {
+        true => {
+            "<text x=\"10\" y=\"46\" fill=\"#446\">tan: compute (forward, backward by \
+                 layer, optimizer); red: waiting for a collective; peach: an asynchronous call \
+                 on the comm thread</text>\n"
+        }
+        false => "",
+    };
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" \
+         fill=\"white\"/>\n<defs><marker id=\"head\" markerWidth=\"8\" markerHeight=\"8\" \
+         refX=\"7\" refY=\"4\" orient=\"auto\"><path d=\"M0,0 L8,4 L0,8 z\" \
+         fill=\"#333\"/></marker></defs>\n<text x=\"10\" y=\"16\" fill=\"#446\">grey: a \
+         collective call; blue: send; green: receive; purple: send and receive at once; \
+         arrows: messages</text>\n<text x=\"10\" y=\"31\" fill=\"#446\">orange: reducing \
+         what arrived; yellow: a local copy; pale yellow: into or out of a shared-memory ring; \
+         teal: reading the sender's buffer (one copy)</text>\n{training}"
+    )
+}
+
+/// A box per slice at `x` of its times, on its lane's `y`: asynchronous calls first, full lane
+/// height, then calls and compute, the messages inside them, and the reductions and copies
+/// inside those on top.
+fn draw_slices(
+    out: &mut String,
+    slices: &[Slice],
+    x: &dyn Fn(f64) -> f64,
+    y: &dyn Fn(&Slice) -> f64,
+) {
+    let depth = |kind: &str| match kind {
+        "async" => 0,
+        "call" | "compute" | "wait" => 1,
+        "send" | "recv" | "sendrecv" => 2,
+        _ => 3,
+    };
+    let mut ordered: Vec<&Slice> = slices.iter().collect();
+    ordered.sort_by_key(|s| depth(&s.kind));
+    for s in ordered {
+        let (inset, h) = match depth(&s.kind) {
+            0 => (0.0, LANE_H),
+            1 => (2.0, LANE_H - 4.0),
+            2 => (10.0, LANE_H - 20.0),
+            _ => (16.0, LANE_H - 32.0),
+        };
+        let _ = writeln!(
+            out,
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h}\" fill=\"{}\" \
+             stroke=\"#556\" stroke-width=\"0.5\"><title>{}</title></rect>",
+            x(s.start),
+            y(s) + inset,
+            (x(s.end) - x(s.start)).max(1.0),
+            colour(&s.kind),
+            escape(&s.name)
+        );
+    }
 }
 
 /// Where the picture starts: at the first event, unless the ranks entered their first call so

@@ -19,3 +19,15 @@ pub fn chapters() -> Vec<String> {
         .filter(|t| !t.is_empty())
         .collect()
 }
+
+/// Every Markdown file of docs/src, sorted by name (SUMMARY.md included): what a check of the
+/// docs' command lines reads.
+pub fn markdown_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(src())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    files.sort();
+    files
+}

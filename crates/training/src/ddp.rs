@@ -249,16 +249,7 @@ impl Ddp {
                 "all-reduce bucket {k} ({:.0} KB)",
                 values.len() as f64 * 4.0 / 1024.0
             );
-            if comm_core::trace::on() {
-                // A mark on the main thread's track: the moment the all-reduce was handed over.
-                let now = comm_core::trace::now();
-                comm_core::trace::slice(
-                    "start",
-                    format!("start bucket {k}"),
-                    now,
-                    Default::default(),
-                );
-            }
+            mark_start(k);
             comm.all_reduce(what, values, ReduceOp::Sum)
         };
         self.model
@@ -291,8 +282,19 @@ impl Ddp {
         self.waited += waited;
         let loss = loss?[0];
 
-        // SGD with momentum, as torch.optim.SGD: buf = momentum·buf + grad; p -= lr·buf.
-        let span = crate::span::trace_span("optimizer step");
+        self.optimizer_step();
+        if let Some(dump) = &mut self.dump {
+            dump.losses.push(loss);
+        }
+        self.time += start.elapsed();
+        self.steps += 1;
+        Ok(loss)
+    }
+
+    /// SGD with momentum on the averaged gradients, as torch.optim.SGD: buf = momentum·buf +
+    /// grad; p -= lr·buf.
+    fn optimizer_step(&mut self) {
+        let _span = crate::span::trace_span("optimizer step");
         let (lr, mu) = (self.config.lr, self.config.momentum);
         for ((p, g), m) in self
             .params
@@ -303,13 +305,6 @@ impl Ddp {
             *m = mu * *m + g;
             *p -= lr * *m;
         }
-        drop(span);
-        if let Some(dump) = &mut self.dump {
-            dump.losses.push(loss);
-        }
-        self.time += start.elapsed();
-        self.steps += 1;
-        Ok(loss)
     }
 
     /// Ends the run: what this rank measured, and its communicator back.
@@ -392,4 +387,18 @@ pub fn checksum(params: &[f32]) -> u32 {
         hash = (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193);
     }
     hash
+}
+
+/// A mark on the main thread's track when tracing: the moment bucket `k`'s all-reduce was handed
+/// to the comm thread.
+fn mark_start(k: usize) {
+    if comm_core::trace::on() {
+        let now = comm_core::trace::now();
+        comm_core::trace::slice(
+            "start",
+            format!("start bucket {k}"),
+            now,
+            Default::default(),
+        );
+    }
 }

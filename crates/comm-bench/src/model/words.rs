@@ -137,6 +137,39 @@ fn size_table(fit: &Fit) -> String {
     out
 }
 
+/// How many of one core's copies each byte on the path costs, in each bandwidth regime the fit
+/// reaches: its B against this machine's copy speed in cache and from memory.
+fn copy_counts(fit: &Fit, machine: Option<&Machine>) -> Vec<String> {
+    let m = &fit.model;
+    let memory = fit.in_regime("memory");
+    let mut words = Vec::new();
+    let cache = fit.in_regime("cache");
+    let bounded = m.large_gbps().is_finite();
+    if let Some(mc) = machine.filter(|mc| cache && bounded && mc.cached_copy_gbps > 0.0) {
+        words.push(format!(
+            "In cache, one core of this machine copies at {}: B in cache is {:.0}% of it, {}.",
+            gbps(mc.cached_copy_gbps),
+            100.0 * m.large_gbps() / mc.cached_copy_gbps,
+            copies(mc.cached_copy_gbps, m.large_gbps())
+        ));
+    }
+    if let Some(mc) = machine.filter(|mc| memory && mc.copy_gbps > 0.0) {
+        let b = m.memory_gbps().min(m.large_gbps());
+        words.push(format!(
+            "One core of this machine copies memory at {}: B from memory is {:.0}% of it, {}.",
+            gbps(mc.copy_gbps),
+            100.0 * b / mc.copy_gbps,
+            copies(mc.copy_gbps, b)
+        ));
+    }
+    if machine.is_some() && (cache || memory) {
+        words.push(
+            "(The shared-memory rings copy every byte twice, into the ring and out, on two cores at once; `--copy single` once; a reduction also reads what arrived.)".into(),
+        );
+    }
+    words
+}
+
 /// The copies of one core at `copy_gbps` that moving each byte at `b` GB/s takes:
 /// "the time of about 2.1 copies per byte".
 fn copies(copy_gbps: f64, b: f64) -> String {
@@ -209,31 +242,7 @@ pub fn in_words(fit: &Fit, machine: Option<&Machine>) -> String {
             ),
         });
     }
-    // How many of one core's copies each byte on the path costs, in each bandwidth regime.
-    let cache = fit.in_regime("cache");
-    let bounded = m.large_gbps().is_finite();
-    if let Some(mc) = machine.filter(|mc| cache && bounded && mc.cached_copy_gbps > 0.0) {
-        words.push(format!(
-            "In cache, one core of this machine copies at {}: B in cache is {:.0}% of it, {}.",
-            gbps(mc.cached_copy_gbps),
-            100.0 * m.large_gbps() / mc.cached_copy_gbps,
-            copies(mc.cached_copy_gbps, m.large_gbps())
-        ));
-    }
-    if let Some(mc) = machine.filter(|mc| memory && mc.copy_gbps > 0.0) {
-        let b = m.memory_gbps().min(m.large_gbps());
-        words.push(format!(
-            "One core of this machine copies memory at {}: B from memory is {:.0}% of it, {}.",
-            gbps(mc.copy_gbps),
-            100.0 * b / mc.copy_gbps,
-            copies(mc.copy_gbps, b)
-        ));
-    }
-    if machine.is_some() && (cache || memory) {
-        words.push(
-            "(The shared-memory rings copy every byte twice, into the ring and out, on two cores at once; `--copy single` once; a reduction also reads what arrived.)".into(),
-        );
-    }
+    words.extend(copy_counts(fit, machine));
     let off: Vec<String> = fit
         .points
         .iter()
