@@ -601,7 +601,8 @@ fn never_connected(rank: usize, accepted: &[Option<TcpStream>], timeout: Duratio
         .collect();
     CommError::Timeout {
         what: format!(
-            "ranks {} to connect to rank {rank}",
+            "{} {} to connect to rank {rank}",
+            if waiting.len() == 1 { "rank" } else { "ranks" },
             crate::error::rank_list(waiting.iter().copied())
         ),
         timeout,
