@@ -9,9 +9,13 @@
 //!   rows as `{backend}_{device}_benchmark.csv` per backend and `combined_benchmark.csv`, then
 //!   [`report::report_as`] with the course's names: the time, bandwidth and 100 MB comparison
 //!   plots, full_results.md, summary_by_config.md and analysis.txt (and comm-bench's report.md).
+//!   Those CSVs carry comm-bench's columns and then the ones the course's `visualize_results.py`
+//!   reads ([`CourseColumns`]), so the course's plotting reads them as they are.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+
+use serde::Serialize;
 
 use crate::cli::{BenchArgs, Preset};
 use crate::error::BenchError;
@@ -195,6 +199,52 @@ pub fn sweep_csv_name(backend: &str) -> String {
     }
 }
 
+/// The columns the course's `visualize_results.py` (seed 004) reads, after comm-bench's own:
+/// `backend` and `world_size` are comm-bench's already; these are the rest. The seed holds the
+/// script's README, not its code: the names are those of a public copy of the script that goes
+/// with that README.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CourseColumns {
+    /// The course's torch device: `cuda` for NCCL, `cpu` otherwise.
+    pub device: &'static str,
+    /// The size in the course's MB, 10^6 bytes: the sweep's 1 MB ... 1 GB are 1, 10, 100, 1000
+    /// (the course's plot of one size picks the rows where this is 100).
+    pub data_size_mb: f64,
+    /// The table's time (`time_us`), in seconds.
+    pub avg_time_s: f64,
+    /// Empty: comm-bench keeps the median, min and max over iterations, not a standard deviation.
+    /// The script only copies it into its tables.
+    pub std_time_s: Option<f64>,
+    /// algbw, the buffer over the time (GB/s, 10^9 bytes a second).
+    pub bandwidth_gb_s: f64,
+}
+
+impl CourseColumns {
+    pub fn of(row: &Row) -> CourseColumns {
+        CourseColumns {
+            device: if row.backend == "nccl" { "cuda" } else { "cpu" },
+            data_size_mb: row.bytes as f64 / 1e6,
+            avg_time_s: row.time_us / 1e6,
+            std_time_s: None,
+            bandwidth_gb_s: row.algbw_gbps,
+        }
+    }
+}
+
+/// Writes rows as [`record::write_csv`] does, each followed by its [`CourseColumns`].
+/// `comm-bench report` reads the file as any other (it ignores the columns it does not know).
+pub fn write_course_csv(path: &Path, rows: &[Row]) -> Result<(), BenchError> {
+    let fail = |source| BenchError::WriteCsv {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut w = csv::Writer::from_path(path).map_err(fail)?;
+    for row in rows {
+        w.serialize((row, CourseColumns::of(row))).map_err(fail)?;
+    }
+    w.flush().map_err(|e| fail(e.into()))
+}
+
 /// Writes the CSVs and runs the report with the course's names; prints its observations.
 fn sweep(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
     let mut files = Vec::new();
@@ -211,11 +261,11 @@ fn sweep(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
             .cloned()
             .collect();
         let path = dir.join(sweep_csv_name(backend));
-        record::write_csv(&path, &mine)?;
+        write_course_csv(&path, &mine)?;
         files.push(path);
     }
     let combined = dir.join("combined_benchmark.csv");
-    record::write_csv(&combined, rows)?;
+    write_course_csv(&combined, rows)?;
     files.push(combined.clone());
     let report = report::report_as(&[combined], dir, Naming::Course)?;
     if !report.observations.is_empty() {
@@ -293,6 +343,53 @@ mod tests {
             comm_core::Collective::ReduceScatter.describe().title,
             "ReduceScatter"
         );
+    }
+
+    /// The sweep's CSVs hold comm-bench's columns, then the ones the course's
+    /// visualize_results.py reads, and `comm-bench report` still reads them.
+    #[test]
+    fn the_sweeps_csv_has_the_columns_the_courses_plotting_reads() {
+        let dir = std::env::temp_dir().join(format!("comm-bench-course-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut rows = vec![sample_row(), sample_row()];
+        rows[0].bytes = 100_000_000;
+        rows[0].time_us = 50_000.0;
+        rows[0].algbw_gbps = 2.0;
+        rows[1].backend = "nccl".into();
+        let path = dir.join("gloo_cpu_benchmark.csv");
+        write_course_csv(&path, &rows).unwrap();
+        let mut reader = csv::Reader::from_path(&path).unwrap();
+        let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+        // What visualize_results.py reads: backend, device, world_size, data_size_mb,
+        // avg_time_s, std_time_s, bandwidth_gb_s.
+        for column in [
+            "backend",
+            "device",
+            "world_size",
+            "data_size_mb",
+            "avg_time_s",
+            "std_time_s",
+            "bandwidth_gb_s",
+        ] {
+            assert_eq!(
+                header.iter().filter(|h| *h == column).count(),
+                1,
+                "{column} in {header:?}"
+            );
+        }
+        assert!(header[0] == "backend" && header.ends_with(&["bandwidth_gb_s".to_string()]));
+        let at = |name: &str| header.iter().position(|h| h == name).unwrap();
+        let records: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+        let first = &records[0];
+        assert_eq!(&first[at("device")], "cpu");
+        assert_eq!(first[at("data_size_mb")].parse::<f64>().unwrap(), 100.0);
+        assert_eq!(first[at("avg_time_s")].parse::<f64>().unwrap(), 0.05);
+        assert_eq!(&first[at("std_time_s")], "");
+        assert_eq!(first[at("bandwidth_gb_s")].parse::<f64>().unwrap(), 2.0);
+        assert_eq!(&records[1][at("device")], "cuda");
+        // comm-bench's own reader takes the file as it is.
+        assert_eq!(record::read(&path).unwrap(), rows);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
