@@ -191,6 +191,51 @@ fn tree_and_chain_broadcasts_send_what_their_schedules_say() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A timed loop as a profiler shows one, as docs/src/profiling.md draws it: the warm-up calls,
+/// the one untimed call after them, the timed calls, then one small all-reduce that gathers the
+/// times (every rank's total and each iteration's, as f64). The barriers between them are not
+/// calls: on the CPU they are exchanges of their own.
+#[test]
+fn a_timed_loop_shows_warm_up_untimed_and_timed_calls() {
+    let dir = scratch("trace-profile");
+    let (ranks, warmup, iters) = (2usize, 1usize, 3usize);
+    // cargo run --example 03-multinode-gloo-vs-nccl -- -n 2 --size-mb 1 --warmup 1 --iters 3 --backend cpu --trace profile.json
+    let args = [
+        "-n",
+        "2",
+        "--size-mb",
+        "1",
+        "--warmup",
+        "1",
+        "--iters",
+        "3",
+        "--backend",
+        "cpu",
+        "--trace",
+        "profile.json",
+    ];
+    run_in(&dir, &example("03-multinode-gloo-vs-nccl"), &args);
+    let trace = read_trace(&dir.join("profile.json"));
+    let big = warmup + 1 + iters;
+    check(&trace, ranks, "all_reduce", big + 1);
+    for rank in 0..ranks {
+        let sizes: Vec<u64> = events(&trace, "X")
+            .into_iter()
+            .filter(|e| e["pid"] == rank && e["cat"] == "call")
+            .map(|e| e["args"]["bytes"].as_u64().unwrap())
+            .collect();
+        let mut want = vec![1_000_000; big];
+        want.push(8 * (ranks + iters) as u64);
+        assert_eq!(sizes, want, "rank {rank}'s calls in order");
+    }
+    // target/release/comm-bench timeline profile.json -o profile-timeline.svg
+    let timeline = ["timeline", "profile.json", "-o", "profile-timeline.svg"];
+    run_in(&dir, &binary("comm-bench", "comm-bench"), &timeline);
+    let svg = std::fs::read_to_string(dir.join("profile-timeline.svg")).unwrap();
+    book_picture_has_the_shape_of(&svg, "profile-timeline.svg");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The two ways bytes cross between ranks of a host, as docs/src/transports.md draws them: a
 /// 4 MiB broadcast on 2 ranks through the rings (the sender copies every piece in, the receiver
 /// copies it out) and by one copy (the receiver reads the sender's buffer, the sender copies
