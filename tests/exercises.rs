@@ -27,6 +27,7 @@ const LESSONS: &[&str] = &[
     "03-gloo-vs-nccl.md",
     "benchmarking.md",
     "curve.md",
+    "profiling.md",
     "transports.md",
     "training.md",
     "cluster-in-a-box.md",
@@ -384,6 +385,51 @@ fn check(chapter: &str, commands: &[String]) -> Result<(), String> {
                 .collect();
             assert!(protos.windows(2).all(|w| w[0] <= w[1]), "{out}");
             assert_eq!((protos[0], protos[protos.len() - 1]), (0, 2), "{out}");
+        }
+        "profiling.md" => {
+            let outs = run_all(commands)?;
+            assert!(outs[1].contains("wrote /tmp/profile.svg ("), "{}", outs[1]);
+            let text = std::fs::read_to_string("/tmp/profile.json").unwrap();
+            let trace: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let slices: Vec<&serde_json::Value> = trace["traceEvents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["ph"] == "X")
+                .collect();
+            for rank in 0..2 {
+                let mine = |cat: &str| {
+                    slices
+                        .iter()
+                        .filter(move |e| e["pid"] == rank && e["cat"] == cat)
+                };
+                let calls: Vec<(u64, f64)> = mine("call")
+                    .map(|e| {
+                        (
+                            e["args"]["bytes"].as_u64().unwrap(),
+                            e["dur"].as_f64().unwrap(),
+                        )
+                    })
+                    .collect();
+                let sizes: Vec<u64> = calls.iter().map(|c| c.0).collect();
+                assert_eq!(
+                    sizes,
+                    [vec![1_000_000; 7], vec![48]].concat(),
+                    "rank {rank}"
+                );
+                // The barriers: exchanges outside every call (on 2 ranks, one each).
+                let inside = |e: &&&serde_json::Value| {
+                    let t = e["ts"].as_f64().unwrap();
+                    mine("call").any(|c| {
+                        let from = c["ts"].as_f64().unwrap();
+                        from <= t && t <= from + c["dur"].as_f64().unwrap()
+                    })
+                };
+                let barriers = mine("sendrecv").filter(|e| !inside(e)).count();
+                assert_eq!(barriers, 7, "rank {rank}'s barriers");
+                let times: Vec<f64> = calls.iter().map(|c| c.1).collect();
+                println!("profiling.md: rank {rank}'s calls took {times:?} us (not asserted)");
+            }
         }
         "transports.md" => {
             let (ok, out) = run(&commands[0]);
