@@ -404,7 +404,11 @@ fn hand_made_pictures_exist_and_are_shown() {
         .iter()
         .map(|c| std::fs::read_to_string(src().join(c)).unwrap())
         .collect();
-    for picture in ["images/leonardo-two-nodes.svg", "images/nccl-startup.svg"] {
+    for picture in [
+        "images/leonardo-two-nodes.svg",
+        "images/nccl-startup.svg",
+        "images/gloo-vs-nccl-path.svg",
+    ] {
         let svg = std::fs::read_to_string(src().join(picture))
             .unwrap_or_else(|e| panic!("{picture}: {e}"));
         let svg = svg.trim();
