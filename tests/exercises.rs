@@ -398,7 +398,7 @@ fn check(chapter: &str, commands: &[String]) -> Result<(), String> {
                 .filter(|e| e["ph"] == "X")
                 .collect();
             for rank in 0..2 {
-                let mine = |cat: &str| {
+                let mine = |cat: &'static str| {
                     slices
                         .iter()
                         .filter(move |e| e["pid"] == rank && e["cat"] == cat)
