@@ -407,6 +407,7 @@ fn hand_made_pictures_exist_and_are_shown() {
     for picture in [
         "images/leonardo-two-nodes.svg",
         "images/nccl-startup.svg",
+        "images/hello-startup.svg",
         "images/gloo-vs-nccl-path.svg",
     ] {
         let svg = std::fs::read_to_string(src().join(picture))

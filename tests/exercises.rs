@@ -418,11 +418,12 @@ fn check(chapter: &str, commands: &[String]) -> Result<(), String> {
                     "rank {rank}"
                 );
                 // The barriers: exchanges outside every call (on 2 ranks, one each).
+                // Its middle inside a call's span (a barrier may start the instant a call ends).
                 let inside = |e: &&&serde_json::Value| {
-                    let t = e["ts"].as_f64().unwrap();
+                    let t = e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap() / 2.0;
                     mine("call").any(|c| {
                         let from = c["ts"].as_f64().unwrap();
-                        from <= t && t <= from + c["dur"].as_f64().unwrap()
+                        from < t && t < from + c["dur"].as_f64().unwrap()
                     })
                 };
                 let barriers = mine("sendrecv").filter(|e| !inside(e)).count();

@@ -267,14 +267,22 @@ fn without_steps_no_step_is_shown() {
     }
 }
 
-/// The book's pictures of the ring all-reduce, all-gather and reduce-scatter are drawn from real
-/// runs, by the commands docs/src/watching.md, 04-allgather.md and 05-reduce-scatter.md show,
+/// The book's pictures of the tree broadcast and the ring all-reduce, all-gather and
+/// reduce-scatter are drawn from real runs, by the commands docs/src/01-broadcast.md,
+/// watching.md, 04-allgather.md and 05-reduce-scatter.md show,
 /// and must be what they draw now: the pictures cannot drift from the code.
 /// `NCCL_WORKSHOP_UPDATE_PICTURES=1` writes the new ones instead of failing.
 #[test]
 fn the_books_ring_pictures_are_drawn_from_real_runs() {
     let dir = scratch("ring-picture");
     let pictures = [
+        // cargo run --example 01-broadcast -- -n 4 --len 2 --steps --backend cpu > broadcast-steps.txt
+        // target/release/comm-bench grids broadcast-steps.txt -o broadcast-tree-steps.svg
+        (
+            "01-broadcast",
+            &["-n", "4", "--len", "2", "--steps"][..],
+            "broadcast-tree-steps.svg",
+        ),
         // cargo run --example 02-allreduce -- -n 3 --len 3 --steps --algo ring --backend cpu > ring-steps.txt
         // target/release/comm-bench grids ring-steps.txt -o ring-allreduce.svg
         (
