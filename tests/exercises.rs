@@ -19,11 +19,13 @@ use test_support::process::{self, Plainly};
 /// Every lesson chapter: each must end with an exercise and its answer.
 const LESSONS: &[&str] = &[
     "00-hello-world.md",
+    "nccl.md",
     "01-broadcast.md",
     "02-allreduce.md",
     "watching.md",
     "04-allgather.md",
     "05-reduce-scatter.md",
+    "running-on-leonardo.md",
     "03-gloo-vs-nccl.md",
     "benchmarking.md",
     "curve.md",
@@ -121,28 +123,36 @@ fn every_lesson_ends_with_an_exercise_and_its_answer() {
     assert!(missing.is_empty(), "{}", missing.join("\n"));
 }
 
-/// A command of an exercise, run as written from the repository root, on the CPU as the book
-/// shows it (GPUs hidden). Returns whether it succeeded, and stdout then stderr.
-fn run(command: &str) -> (bool, String) {
+/// A command of an exercise as it will run: from the repository root, on the CPU as the book
+/// shows it (GPUs hidden), every `target/release/NAME` (the program's, or an argument naming a
+/// program for a launcher to start) being the build's.
+fn command_of(command: &str) -> Command {
     let build = the_one_build();
+    let built = |word: &str| match word.strip_prefix("target/release/") {
+        Some(name) => build.join(name).into_os_string(),
+        None => word.into(),
+    };
     let words: Vec<&str> = command.split_whitespace().collect();
     let (program, args): (PathBuf, &[&str]) = match words.as_slice() {
         ["cargo", "run", "--release", "--example", name, "--", args @ ..]
         | ["cargo", "run", "--example", name, "--", args @ ..] => (build.join(name), args),
-        [program, args @ ..] if program.starts_with("target/release/") => (
-            build.join(program.strip_prefix("target/release/").unwrap()),
-            args,
-        ),
+        [program, args @ ..] if program.starts_with("target/release/") => (built(program).into(), args),
         _ => panic!(
             "cannot run `{command}`: only `target/release/NAME ARGS` or `cargo run [--release] --example NAME -- ARGS`"
         ),
     };
     let mut cmd = Command::new(&program);
-    cmd.args(args)
+    cmd.args(args.iter().map(|a| built(a)))
         .plainly()
         .env("CUDA_VISIBLE_DEVICES", "")
         .current_dir(env!("CARGO_MANIFEST_DIR"));
-    let done = process::start(&mut cmd).finish(Duration::from_secs(60));
+    cmd
+}
+
+/// A command of an exercise, run as [`command_of`] prepares it. Returns whether it succeeded,
+/// and stdout then stderr.
+fn run(command: &str) -> (bool, String) {
+    let done = process::start(&mut command_of(command)).finish(Duration::from_secs(60));
     (
         done.status.success(),
         format!("{}{}", done.stdout, done.stderr),
@@ -467,9 +477,111 @@ fn check(chapter: &str, commands: &[String]) -> Result<(), String> {
                 assert_eq!(weights(&outs[i]), weights(&outs[i + 1]), "overlap or not");
             }
         }
+        "nccl.md" => nccl_probe_and_backend_nccl(commands),
+        "running-on-leonardo.md" => two_nodes_then_node_0_alone(commands),
         other => panic!("{other}: write the check of its exercise here"),
     }
     Ok(())
+}
+
+/// nccl.md: the probe's last line is `--backend auto`'s choice, the CPU (the GPUs are hidden),
+/// a `unique Id` line comes exactly when libnccl loads, and `--backend nccl` stops with the
+/// reason instead of falling back.
+fn nccl_probe_and_backend_nccl(commands: &[String]) {
+    let (ok, probe) = run(&commands[0]);
+    assert!(ok, "{probe}");
+    let row = |step: &str| probe.lines().find(|l| l.starts_with(step));
+    for step in ["CUDA driver ", "GPUs ", "libnccl ", "--backend "] {
+        assert!(row(step).is_some(), "no {step:?} line:\n{probe}");
+    }
+    assert!(
+        row("--backend ")
+            .unwrap()
+            .contains("auto gives backend: cpu ("),
+        "{probe}"
+    );
+    let loaded = row("libnccl ").unwrap().contains(" NCCL ");
+    let id = row("unique Id ");
+    assert_eq!(
+        loaded,
+        id.is_some(),
+        "a unique Id line iff libnccl loads:\n{probe}"
+    );
+    if let Some(id) = id {
+        assert!(
+            id.contains("128 bytes; rank 0 would wait for the others at "),
+            "{id}"
+        );
+    } else {
+        assert!(row("libnccl ").unwrap().contains("not found"), "{probe}");
+    }
+    let (ok, nccl) = run(&commands[1]);
+    assert!(!ok, "--backend nccl ran without a GPU:\n{nccl}");
+    assert!(
+        nccl.contains("NCCL cannot run here: ")
+            && nccl.contains("(--backend cpu or auto runs on the CPU)"),
+        "{nccl}"
+    );
+}
+
+/// running-on-leonardo.md: node 1 (in the background) and node 0 form one job of 4 ranks,
+/// node 1 printing only its own ranks' lines and node 0 the grids of all four over shared
+/// memory; node 0 alone times out after 3 s, and commrun blames node 1. The chapter's two-node
+/// commands are these.
+fn two_nodes_then_node_0_alone(commands: &[String]) {
+    let text = std::fs::read_to_string(src().join("running-on-leonardo.md")).unwrap();
+    let lesson = text.split("\n## Exercise\n").next().unwrap();
+    let node1 = commands[0]
+        .strip_suffix(" &")
+        .expect("node 1 goes to the background");
+    let node0 = &commands[1];
+    for node in [node0.as_str(), node1] {
+        assert!(
+            lesson.contains(&format!("\n{node}\n")),
+            "the chapter's two nodes are not the exercise's: `{node}`"
+        );
+    }
+    let ran = process::run_together(
+        vec![command_of(node1), command_of(node0)],
+        Duration::from_secs(60),
+    );
+    for node in &ran {
+        node.assert_success("a node of the exercise");
+    }
+    let output = |n: usize| format!("{}{}", ran[n].stdout, ran[n].stderr);
+    let (one, zero) = (output(0), output(1));
+    let lines: BTreeSet<&str> = one.lines().collect();
+    assert_eq!(
+        lines,
+        BTreeSet::from([
+            "[2]: Rank 2 using device: cpu:2",
+            "[3]: Rank 3 using device: cpu:3"
+        ]),
+        "node 1:\n{one}"
+    );
+    assert!(
+        zero.lines()
+            .any(|l| l == "[0]: transport: shm (shared memory between the 4 ranks of this host)"),
+        "{zero}"
+    );
+    let rank0: String = zero
+        .lines()
+        .filter_map(|l| l.strip_prefix("[0]: "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    expect_cells(&grid(&rank0, "Before reduce:"), 4, 4, |_| "1");
+    expect_cells(&grid(&rank0, "After reduce:"), 4, 4, |_| "4");
+    let (ok, alone) = run(&commands[2]);
+    assert!(!ok, "node 0 alone succeeded:\n{alone}");
+    for says in [
+        "timed out after 3s waiting for ranks 2, 3 to connect",
+        "node 1 was lost or never joined",
+    ] {
+        assert!(
+            alone.contains(says),
+            "node 0 alone does not say {says:?}:\n{alone}"
+        );
+    }
 }
 
 #[test]

@@ -735,6 +735,26 @@ fn interactive_recipe(bin: &Path) -> (Vec<String>, Vec<String>) {
     (salloc[1..].to_vec(), typed)
 }
 
+/// docs/src/running-on-leonardo.md shows slurm/README.md's interactive recipe, the one run
+/// above, as it is written there (no Slurm needed to check that).
+#[test]
+fn the_book_shows_the_interactive_recipe_run_here() {
+    let read = |path: &str| std::fs::read_to_string(Path::new(REPO).join(path)).unwrap();
+    let readme = read("slurm/README.md");
+    let (_, section) = readme
+        .split_once("## Interactive: salloc, then srun")
+        .expect("slurm/README.md: no interactive section");
+    let block = section
+        .split_once("```bash\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("slurm/README.md: no bash block in the interactive section")
+        .0;
+    assert!(
+        read("docs/src/running-on-leonardo.md").contains(&format!("```bash\n{block}```")),
+        "docs/src/running-on-leonardo.md does not show slurm/README.md's interactive recipe:\n{block}"
+    );
+}
+
 /// A stand-in for `nsys profile [OPTIONS] PROGRAM ARGS…`.
 const FAKE_NSYS: &str = r#"#!/bin/bash
 # Records the arguments in the report file that --output names, as nsys would name it, then runs

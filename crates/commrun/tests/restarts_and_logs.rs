@@ -444,7 +444,7 @@ fn workspace_file(path: &str) -> String {
     )
 }
 
-const BOOK: &str = "docs/src/running-on-leonardo.md";
+const BOOK: &str = "docs/src/commrun-reference.md";
 
 /// The restart example of the book, run as it is shown there.
 const BOOK_RESTART: &str = "commrun --nproc-per-node 2 --max-restarts 2 sh -c 'echo \"rank $RANK, \
