@@ -283,12 +283,26 @@ where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE).map_err(plot_error)?;
+    let has_model = plot.models.iter().any(|m| !m.is_empty());
+    let mut legend: Vec<(String, ShapeStyle, bool)> = Vec::new();
+    if has_model {
+        // One legend entry for all the dashed lines.
+        let note = "dashed: the model, steps x alpha + bytes / B (comm-bench model)";
+        legend.push((note.into(), BLACK.mix(0.6).stroke_width(1), true));
+    }
+    for (i, (label, _)) in plot.lines.iter().enumerate() {
+        legend.push((label.clone(), color(i).stroke_width(2), false));
+    }
+    // The legend gets a strip of its own under the chart, so it never covers a point.
+    let (chart_area, legend_area) = root.split_vertically(HEIGHT - legend_height(legend.len()));
     let points = || plot.lines.iter().flat_map(|(_, p)| p.iter());
     let (x0, x1) = decades(points().map(|p| p.0));
     let (y0, y1) = decades(points().map(|p| p.1));
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(&chart_area)
         .caption(&plot.title, ("sans-serif", 24))
         .margin(16)
+        // Room for the last size's label ("100 MB") right of the axis's end.
+        .margin_right(40)
         .x_label_area_size(50)
         .y_label_area_size(70)
         .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())
@@ -312,35 +326,67 @@ where
             .draw_series(DashedLineSeries::new(model, 6, 4, style))
             .map_err(plot_error)?;
     }
-    if plot.models.iter().any(|m| !m.is_empty()) {
-        // One legend entry for all the dashed lines.
-        chart
-            .draw_series(std::iter::empty::<PathElement<(f64, f64)>>())
-            .map_err(plot_error)?
-            .label("dashed: the model, steps x alpha + bytes / B (comm-bench model)")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], BLACK.mix(0.6)));
-    }
-    for (i, (label, pts)) in plot.lines.iter().enumerate() {
+    for (i, (_, pts)) in plot.lines.iter().enumerate() {
         let style = color(i).stroke_width(2);
         let pts: Vec<(f64, f64)> = pts.iter().copied().filter(|p| p.1 > 0.0).collect();
         chart
             .draw_series(LineSeries::new(pts.clone(), style))
-            .map_err(plot_error)?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
+            .map_err(plot_error)?;
         chart
             .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color(i).filled())))
             .map_err(plot_error)?;
     }
-    chart
-        .configure_series_labels()
-        .label_font(("sans-serif", 15))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(plot_error)?;
+    draw_legend(&legend_area, &legend)?;
     root.present().map_err(plot_error)
+}
+
+/// Legend rows: two entries to a row, the model's note alone on the first.
+const LEGEND_ROW: u32 = 22;
+
+fn legend_rows(entries: usize) -> u32 {
+    entries.div_ceil(2) as u32 + 1
+}
+
+fn legend_height(entries: usize) -> u32 {
+    legend_rows(entries) * LEGEND_ROW + 8
+}
+
+/// The legend under the chart: a line sample (dashed for the model) and its label, in two
+/// columns; the model's note, when there is one, on a row of its own.
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    entries: &[(String, ShapeStyle, bool)],
+) -> Result<(), BenchError>
+where
+    DB::ErrorType: 'static,
+{
+    let font = ("sans-serif", 15).into_font().color(&BLACK);
+    let column = (WIDTH as i32 - 100) / 2;
+    let mut slots = (0..).map(|k: i32| (86 + (k % 2) * column, 4 + (k / 2) * LEGEND_ROW as i32));
+    for (label, style, dashed) in entries {
+        let (x, y) = if *dashed {
+            // The note is long: a row of its own.
+            let at = slots.next().unwrap();
+            slots.next();
+            at
+        } else {
+            slots.next().unwrap()
+        };
+        let mid = y + LEGEND_ROW as i32 / 2;
+        let sample = if *dashed {
+            vec![((x, mid), (x + 8, mid)), ((x + 14, mid), (x + 22, mid))]
+        } else {
+            vec![((x, mid), (x + 22, mid))]
+        };
+        for (a, b) in sample {
+            area.draw(&PathElement::new(vec![a, b], *style))
+                .map_err(plot_error)?;
+        }
+        let pos = Pos::new(HPos::Left, VPos::Center);
+        area.draw_text(label, &font.pos(pos), (x + 30, mid))
+            .map_err(plot_error)?;
+    }
+    Ok(())
 }
 
 fn draw_bars<DB: DrawingBackend>(
