@@ -246,6 +246,38 @@ fn normalize(text: &str) -> (Vec<String>, Vec<String>) {
     (rest, ranks)
 }
 
+/// The ids mdbook gives a page's headings: lower case, letters, digits, `-` and `_` kept,
+/// spaces as `-`, the rest dropped; a repeated id gets `-1`, `-2`, ….
+fn heading_ids(page: &str) -> Vec<String> {
+    let mut ids: Vec<String> = Vec::new();
+    let mut in_code = false;
+    for line in page.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+        }
+        let Some(title) = line.strip_prefix('#').filter(|_| !in_code) else {
+            continue;
+        };
+        let title = title.trim_start_matches('#').trim();
+        let id: String = title
+            .chars()
+            .filter_map(|c| match c {
+                c if c.is_alphanumeric() || c == '_' || c == '-' => Some(c.to_lowercase().next()?),
+                c if c.is_whitespace() => Some('-'),
+                _ => None,
+            })
+            .collect();
+        let repeats = ids.iter().filter(|i| i.as_str() == id).count();
+        let unique = match repeats {
+            0 => id.clone(),
+            k => format!("{id}-{k}"),
+        };
+        ids.push(id);
+        ids.push(unique);
+    }
+    ids
+}
+
 #[test]
 fn summary_entries_and_links_resolve() {
     let mut broken = Vec::new();
@@ -266,6 +298,14 @@ fn summary_entries_and_links_resolve() {
             }
             if !dir.join(file).exists() {
                 broken.push(format!("{chapter}: link to {target}: no such file"));
+                continue;
+            }
+            // A link to a heading: mdbook's id of some heading of that page.
+            if let Some((_, anchor)) = target.split_once('#') {
+                let page = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+                if file.ends_with(".md") && !heading_ids(&page).contains(&anchor.to_string()) {
+                    broken.push(format!("{chapter}: link to {target}: no such heading"));
+                }
             }
         }
         for (n, line) in text.lines().enumerate() {

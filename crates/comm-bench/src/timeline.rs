@@ -97,6 +97,7 @@ const TOP: f64 = 44.0;
 fn colour(kind: &str) -> &'static str {
     match kind {
         "call" => "#dde3ea",
+        "barrier" => "#9aa5b1",
         "send" => "#7fb3e6",
         "recv" => "#8fd18a",
         "sendrecv" => "#c7a4e0",
@@ -208,7 +209,7 @@ fn header(height: f64, training: bool) -> String {
          fill=\"white\"/>\n<defs><marker id=\"head\" markerWidth=\"8\" markerHeight=\"8\" \
          refX=\"7\" refY=\"4\" orient=\"auto\"><path d=\"M0,0 L8,4 L0,8 z\" \
          fill=\"#333\"/></marker></defs>\n<text x=\"10\" y=\"16\" fill=\"#446\">grey: a \
-         collective call; blue: send; green: receive; purple: send and receive at once; \
+         collective call; dark grey: a barrier; blue: send; green: receive; purple: send and receive at once; \
          arrows: messages</text>\n<text x=\"10\" y=\"31\" fill=\"#446\">orange: reducing \
          what arrived; yellow: a local copy; pale yellow: into or out of a shared-memory ring; \
          teal: reading the sender's buffer (one copy)</text>\n{training}"
@@ -226,7 +227,7 @@ fn draw_slices(
 ) {
     let depth = |kind: &str| match kind {
         "async" => 0,
-        "call" | "compute" | "wait" => 1,
+        "call" | "barrier" | "compute" | "wait" => 1,
         "send" | "recv" | "sendrecv" => 2,
         _ => 3,
     };
@@ -277,9 +278,11 @@ fn axis(out: &mut String, t0: f64, span: f64, y: f64, x: &dyn Fn(f64) -> f64) {
     );
     for i in 0..=4 {
         let t = t0 + span * i as f64 / 4.0;
+        // The last label ends at its tick, so it stays inside the picture.
+        let anchor = if i == 4 { "end" } else { "middle" };
         let _ = writeln!(
             out,
-            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.0} µs</text>",
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"{anchor}\">{:.0} µs</text>",
             x(t),
             y + 16.0,
             t - t0

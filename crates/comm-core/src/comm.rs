@@ -436,10 +436,16 @@ impl Communicator {
         let _range = crate::profile::range(|| "barrier".into());
         crate::phase::enter(crate::phase::Phase::Barrier);
         let _between = PhaseAfterCall;
-        match &self.engine {
+        let start = crate::trace::on().then(crate::trace::now);
+        let done = match &self.engine {
             Engine::Cpu(t) => algorithms::barrier(t.as_ref()),
             Engine::Nccl(nccl) => nccl.barrier(),
+        };
+        if let Some(start) = start {
+            // Its own box on a timeline: a barrier's messages are not a collective's steps.
+            crate::trace::slice("barrier", "barrier", start, crate::trace::Args::bytes(0));
         }
+        done
     }
 
     /// Runs one call of the collective table on this rank's buffers (`send` `None`: in place,

@@ -151,6 +151,7 @@ fn chain_broadcast(t: &dyn Transport, bytes: &mut [u8], root: usize) -> Result<(
     std::thread::scope(|s| {
         let (ready, arrived) = crossbeam_channel::unbounded::<&[u8]>();
         let forwarder = s.spawn(move || -> Result<()> {
+            crate::trace::name_track("forwarding thread");
             for segment in arrived {
                 t.send(next, segment)?;
             }
