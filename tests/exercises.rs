@@ -522,7 +522,7 @@ fn training_exercise(commands: &[String]) -> Result<(), String> {
         assert_eq!(all.len(), 1, "every rank's weights the same: {out}");
         all.into_iter().next().unwrap().to_string()
     };
-    for (i, buckets) in [(0, "buckets: 4 "), (2, "buckets: 1 ")] {
+    for (i, buckets) in [(0, "buckets: 4,"), (2, "buckets: 1,")] {
         assert!(outs[i].contains(buckets), "{}", outs[i]);
         assert!(outs[i + 1].contains("overlap off"), "{}", outs[i + 1]);
         assert_eq!(weights(&outs[i]), weights(&outs[i + 1]), "overlap or not");

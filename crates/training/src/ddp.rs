@@ -195,22 +195,24 @@ impl Ddp {
 
     /// What rank 0 prints first: the model, its buckets, the data and how it is shared.
     pub fn describe(&self) -> String {
+        // Each bucket's parameters and its real size: a bucket closes once it passes the cap.
         let names = |b: &Bucket| {
             let names: Vec<&str> = b.params.iter().map(|&p| crate::model::NAMES[p]).collect();
-            format!("[{}]", names.join(" "))
+            let mb = (b.len * std::mem::size_of::<f32>()) as f64 / (1 << 20) as f64;
+            format!("[{}] {mb:.2} MB", names.join(" "))
         };
         let buckets: Vec<String> = self.buckets.iter().map(names).collect();
         let c = &self.config;
         format!(
             "model: {} bytes of context -> 2 hidden layers of {} -> 256 logits, {} parameters\n\
-             buckets: {} of about {:.2} MB, last layer first: {}\n\
+             buckets: {}, each closed once past {:.2} MB, last layer first: {}\n\
              data: {} samples of the course's text; {} ranks x batch {} = {} a step; overlap {}",
             c.shape.context,
             c.shape.hidden,
             self.params.len(),
             self.buckets.len(),
             c.bucket_bytes as f64 / (1 << 20) as f64,
-            buckets.join(" "),
+            buckets.join(", "),
             self.dataset.len(),
             self.comm.world_size(),
             c.batch,
