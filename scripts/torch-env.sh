@@ -8,7 +8,8 @@
 #
 # Usage:
 #   scripts/torch-env.sh install   # python3 -m venv + pip install torch==2.15.0, only if its
-#                                  # bin/torchrun is missing (about a minute on a fast network)
+#                                  # bin/torchrun is missing (about a minute on a fast network),
+#                                  # and numpy if it is missing
 #   scripts/torch-env.sh dir       # prints the environment's folder (what the tests read)
 #
 # Then, for example:
@@ -36,8 +37,19 @@ usage() {
 cmd_install() {
     if [[ -x $VENV/bin/torchrun ]]; then
         log "torch already installed in $VENV"
-        return 0
+    else
+        install_torch
     fi
+    # Without NumPy, torch warns on every import ("Failed to initialize NumPy"), and the
+    # course's scripts would print that before their grids.
+    if ! "$VENV/bin/python" -c 'import numpy' 2>/dev/null; then
+        log "installing numpy into $VENV"
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check numpy ||
+            die "pip install numpy into $VENV failed (what pip said is above)"
+    fi
+}
+
+install_torch() {
     command -v python3 >/dev/null 2>&1 || die "python3 not found: install Python 3.11 or later"
     log "installing torch==$TORCH_VERSION into $VENV (a few GB, once per machine)"
     mkdir -p "$(dirname "$VENV")"
