@@ -90,9 +90,10 @@ pub fn read_named(trace: &Value) -> (Vec<Slice>, Vec<Arrow>, TrackNames) {
 }
 
 const LANE_H: f64 = 44.0;
-const LEFT: f64 = 70.0;
+const LEFT: f64 = 110.0;
 const WIDTH: f64 = 1000.0;
-const TOP: f64 = 44.0;
+// Three legend lines of 18 px above the lanes (a fourth for training traces).
+const TOP: f64 = 64.0;
 
 fn colour(kind: &str) -> &'static str {
     match kind {
@@ -148,7 +149,7 @@ pub fn svg_named(slices: &[Slice], arrows: &[Arrow], names: &TrackNames) -> Stri
         .iter()
         .any(|k| ["async", "compute", "wait"].contains(k));
     // The legend's lines, then the lanes.
-    let top = if training { TOP + 14.0 } else { TOP };
+    let top = if training { TOP + 18.0 } else { TOP };
     let lane = |index: usize| top + index as f64 * LANE_H;
     let bottom = top + lanes.len() as f64 * LANE_H;
     // Room under the axis for the line saying what was cut, where something was.
@@ -160,7 +161,7 @@ pub fn svg_named(slices: &[Slice], arrows: &[Arrow], names: &TrackNames) -> Stri
         if let Some(name) = names.get(&(rank, track)) {
             let _ = writeln!(
                 out,
-                "<text x=\"10\" y=\"{}\" font-size=\"9\">{}</text>",
+                "<text x=\"10\" y=\"{}\" font-size=\"11\">{}</text>",
                 y + 36.0,
                 escape(name)
             );
@@ -195,25 +196,34 @@ pub fn svg_named(slices: &[Slice], arrows: &[Arrow], names: &TrackNames) -> Stri
 /// The SVG's opening, `height` high, and its legend (the training kinds' line where the trace has
 /// them).
 fn header(height: f64, training: bool) -> String {
-    let training = match training {
-        true => {
-            "<text x=\"10\" y=\"46\" fill=\"#446\">tan: compute (forward, backward by \
-                 layer, optimizer); red: waiting for a collective; peach: an asynchronous call \
-                 on the comm thread</text>\n"
-        }
-        false => "",
-    };
-    format!(
+    // 14 px text: the book shows a 1000 px picture about 750 px wide.
+    let mut legend = vec![
+        "grey: a collective call; dark grey: a barrier; arrows: messages",
+        "blue: send; green: receive; purple: send and receive at once; orange: reducing what arrived",
+        "yellow: a local copy; pale yellow: into or out of a shared-memory ring; teal: reading the \
+         sender's buffer",
+    ];
+    if training {
+        legend.push(
+            "tan: compute (forward, backward by layer, optimizer); red: waiting for a collective; \
+             peach: an asynchronous call on the comm thread",
+        );
+    }
+    let mut out = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" \
-         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" \
+         font-family=\"sans-serif\" font-size=\"14\">\n<rect width=\"100%\" height=\"100%\" \
          fill=\"white\"/>\n<defs><marker id=\"head\" markerWidth=\"8\" markerHeight=\"8\" \
          refX=\"7\" refY=\"4\" orient=\"auto\"><path d=\"M0,0 L8,4 L0,8 z\" \
-         fill=\"#333\"/></marker></defs>\n<text x=\"10\" y=\"16\" fill=\"#446\">grey: a \
-         collective call; dark grey: a barrier; blue: send; green: receive; purple: send and receive at once; \
-         arrows: messages</text>\n<text x=\"10\" y=\"31\" fill=\"#446\">orange: reducing \
-         what arrived; yellow: a local copy; pale yellow: into or out of a shared-memory ring; \
-         teal: reading the sender's buffer (one copy)</text>\n{training}"
-    )
+         fill=\"#333\"/></marker></defs>\n"
+    );
+    for (i, line) in legend.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "<text x=\"10\" y=\"{}\" fill=\"#446\">{line}</text>",
+            16 + 18 * i
+        );
+    }
+    out
 }
 
 /// A box per slice at `x` of its times, on its lane's `y`: asynchronous calls first, full lane
@@ -371,7 +381,7 @@ mod tests {
         let picture = svg(&slices, &[]);
         assert!(picture.contains("first call 897 µs apart"), "{picture}");
         assert!(
-            picture.contains("<rect x=\"70.0\""),
+            picture.contains(&format!("<rect x=\"{LEFT:.1}\"")),
             "rank 0's call from the left edge"
         );
         // Ranks that entered close together: the picture starts at the first event.
