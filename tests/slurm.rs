@@ -56,372 +56,371 @@ struct Checked {
     machine: Backend,
 }
 
-fn jobs() -> Vec<Job> {
-    vec![
-        Job {
-            name: "00-hello-world",
-            script: "slurm/00-hello-world.sbatch",
-            must_fail: false,
-            needs: &["00-hello-world"],
-            options: &[],
-            env: &[],
-            args: &[],
-            check: |c| hellos(&c.output, 1, 4, ""),
+/// Every script of slurm/, as a job to submit and check (some more than once).
+const JOBS: &[Job] = &[
+    Job {
+        name: "00-hello-world",
+        script: "slurm/00-hello-world.sbatch",
+        must_fail: false,
+        needs: &["00-hello-world"],
+        options: &[],
+        env: &[],
+        args: &[],
+        check: |c| hellos(&c.output, 1, 4, ""),
+    },
+    Job {
+        name: "00-hello-world-commrun",
+        script: "slurm/00-hello-world.sbatch",
+        must_fail: false,
+        needs: &["00-hello-world", "commrun"],
+        options: &[],
+        env: &[("LAUNCH", "commrun")],
+        args: &[],
+        check: |c| hellos(&c.output, 1, 4, "[r]: "),
+    },
+    Job {
+        name: "01-broadcast",
+        script: "slurm/01-broadcast.sbatch",
+        must_fail: false,
+        needs: &["01-broadcast"],
+        options: &[],
+        env: &[],
+        args: &["--len", "5"],
+        check: |c| {
+            let before = grid(&c.output, "Before broadcast:", "");
+            expect_cells(&before, 4, 5, |r| if r == 0 { "42" } else { "0" });
+            let after = grid(&c.output, "After broadcast:", "");
+            expect_cells(&after, 4, 5, |_| "42");
         },
-        Job {
-            name: "00-hello-world-commrun",
-            script: "slurm/00-hello-world.sbatch",
-            must_fail: false,
-            needs: &["00-hello-world", "commrun"],
-            options: &[],
-            env: &[("LAUNCH", "commrun")],
-            args: &[],
-            check: |c| hellos(&c.output, 1, 4, "[r]: "),
+    },
+    Job {
+        name: "02-allreduce",
+        script: "slurm/02-allreduce.sbatch",
+        must_fail: false,
+        needs: &["02-allreduce"],
+        options: &[],
+        env: &[],
+        args: &["--len", "6"],
+        check: |c| allreduced(&c.output, 4, 6, ""),
+    },
+    Job {
+        name: "04-allgather",
+        script: "slurm/08-allgather.sbatch",
+        must_fail: false,
+        needs: &["04-allgather"],
+        options: &[],
+        env: &[],
+        args: &["--len", "2"],
+        check: |c| {
+            let after = grid(&c.output, "After all-gather:", "");
+            let gathered = ["1", "1", "2", "2", "3", "3", "4", "4"];
+            assert!(after.iter().all(|row| row == &gathered), "{after:?}");
         },
-        Job {
-            name: "01-broadcast",
-            script: "slurm/01-broadcast.sbatch",
-            must_fail: false,
-            needs: &["01-broadcast"],
-            options: &[],
-            env: &[],
-            args: &["--len", "5"],
-            check: |c| {
-                let before = grid(&c.output, "Before broadcast:", "");
-                expect_cells(&before, 4, 5, |r| if r == 0 { "42" } else { "0" });
-                let after = grid(&c.output, "After broadcast:", "");
-                expect_cells(&after, 4, 5, |_| "42");
-            },
+    },
+    Job {
+        name: "05-reduce-scatter",
+        script: "slurm/09-reduce-scatter.sbatch",
+        must_fail: false,
+        needs: &["05-reduce-scatter"],
+        options: &[],
+        env: &[],
+        args: &["--len", "1"],
+        check: |c| {
+            let after = grid(&c.output, "After reduce-scatter (block r on rank r):", "");
+            expect_cells(&after, 4, 1, |r| (4 * (r + 1)).to_string());
         },
-        Job {
-            name: "02-allreduce",
-            script: "slurm/02-allreduce.sbatch",
-            must_fail: false,
-            needs: &["02-allreduce"],
-            options: &[],
-            env: &[],
-            args: &["--len", "6"],
-            check: |c| allreduced(&c.output, 4, 6, ""),
-        },
-        Job {
-            name: "04-allgather",
-            script: "slurm/08-allgather.sbatch",
-            must_fail: false,
-            needs: &["04-allgather"],
-            options: &[],
-            env: &[],
-            args: &["--len", "2"],
-            check: |c| {
-                let after = grid(&c.output, "After all-gather:", "");
-                let gathered = ["1", "1", "2", "2", "3", "3", "4", "4"];
-                assert!(after.iter().all(|row| row == &gathered), "{after:?}");
-            },
-        },
-        Job {
-            name: "05-reduce-scatter",
-            script: "slurm/09-reduce-scatter.sbatch",
-            must_fail: false,
-            needs: &["05-reduce-scatter"],
-            options: &[],
-            env: &[],
-            args: &["--len", "1"],
-            check: |c| {
-                let after = grid(&c.output, "After reduce-scatter (block r on rank r):", "");
-                expect_cells(&after, 4, 1, |r| (4 * (r + 1)).to_string());
-            },
-        },
-        // Multi-node, srun starting every rank: 2 nodes x 2 tasks.
-        Job {
-            name: "02-allreduce-2x2-srun",
-            script: "slurm/02-allreduce.sbatch",
-            must_fail: false,
-            needs: &["02-allreduce"],
-            options: &["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2"],
-            env: &[],
-            args: &["--len", "3"],
-            check: |c| {
+    },
+    // Multi-node, srun starting every rank: 2 nodes x 2 tasks.
+    Job {
+        name: "02-allreduce-2x2-srun",
+        script: "slurm/02-allreduce.sbatch",
+        must_fail: false,
+        needs: &["02-allreduce"],
+        options: &["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2"],
+        env: &[],
+        args: &["--len", "3"],
+        check: |c| {
+            assert!(c
+                .output
+                .contains("on 2 node(s) (node[1-2]), 2 ranks per node"));
+            for rank in 0..4 {
                 assert!(c
                     .output
-                    .contains("on 2 node(s) (node[1-2]), 2 ranks per node"));
-                for rank in 0..4 {
-                    assert!(c
-                        .output
-                        .contains(&format!("Rank {rank} using device: cpu:{rank}\n")));
-                }
-                allreduced(&c.output, 4, 3, "");
-            },
+                    .contains(&format!("Rank {rank} using device: cpu:{rank}\n")));
+            }
+            allreduced(&c.output, 4, 3, "");
         },
-        // Multi-node, torchrun's way: one commrun per node, each starting 2 workers.
-        Job {
-            name: "02-allreduce-2x2-commrun",
-            script: "slurm/02-allreduce.sbatch",
-            must_fail: false,
-            needs: &["02-allreduce", "commrun"],
-            options: &["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2"],
-            env: &[("LAUNCH", "commrun")],
-            args: &["--len", "3"],
-            check: |c| {
-                for node in 0..2 {
-                    let line = format!("commrun: node {node} of 2 on ");
-                    assert!(c.output.contains(&line), "{line:?}");
-                }
-                assert!(c.output.contains(&format!(
-                    "ranks 2-3 of 4, rendezvous at node1:{}",
-                    20000 + c.job_id() % 20000
-                )));
-                for rank in 0..4 {
-                    let line = format!("[{rank}]: Rank {rank} using device: cpu:{rank}\n");
-                    assert!(c.output.contains(&line), "{line:?}");
-                }
-                allreduced(&c.output, 4, 3, "[0]: ");
-            },
-        },
-        // Seed 003's training on two nodes of 4, one rank per task: the loss falls and all 8
-        // ranks end with the same weights.
-        Job {
-            name: "06-ddp-training",
-            script: "slurm/10-ddp-training.sbatch",
-            must_fail: false,
-            needs: &["06-ddp-training"],
-            options: &[],
-            env: &[],
-            args: &["--iters", "30", "--log-every", "10"],
-            check: |c| {
-                let out = &c.output;
-                assert!(
-                    out.contains("on 2 node(s) (node[1-2]), 4 ranks per node"),
-                    "{out}"
-                );
-                assert!(out.contains("8 ranks x batch 32 = 256 a step"), "{out}");
-                assert!(out.contains("step   29  loss "), "{out}");
-                let sums: Vec<&str> = out
-                    .lines()
-                    .filter_map(|l| l.split_once(": weights ")?.1.split(',').next())
-                    .collect();
-                assert_eq!(sums.len(), 8, "{out}");
-                assert!(sums.iter().all(|s| *s == sums[0]), "{sums:?}");
-            },
-        },
-        Job {
-            name: "03-multinode-2x1",
-            script: "slurm/03-multinode-2x1.sbatch",
-            must_fail: false,
-            needs: &["03-multinode-gloo-vs-nccl"],
-            options: &[],
-            env: &[],
-            args: &["--size-mb", "2", "--iters", "3", "--warmup", "1"],
-            check: |c| {
-                assert!(c
-                    .output
-                    .contains("on 2 node(s) (node[1-2]), 1 ranks per node"));
-                cpu_line(&c.output, "2 MB");
-                nccl_skipped(c);
-            },
-        },
-        Job {
-            name: "03-multinode-2x4",
-            script: "slurm/03-multinode-2x4.sbatch",
-            must_fail: false,
-            needs: &["03-multinode-gloo-vs-nccl"],
-            options: &[],
-            env: &[],
-            args: &["--size-mb", "2", "--iters", "3", "--warmup", "1"],
-            check: |c| {
-                assert!(c
-                    .output
-                    .contains("on 2 node(s) (node[1-2]), 4 ranks per node"));
-                cpu_line(&c.output, "2 MB");
-                nccl_skipped(c);
-            },
-        },
-        Job {
-            name: "04-bench-sweep",
-            script: "slurm/04-bench-sweep.sbatch",
-            must_fail: false,
-            needs: &["comm-bench"],
-            options: &[],
-            env: &[
-                ("OPS", "all_reduce"),
-                ("MAX_BYTES", "1K"),
-                ("ITERS", "2"),
-                ("WARMUP", "1"),
-            ],
-            args: &[],
-            check: |c| {
-                for layout in ["1x4", "2x4"] {
-                    let csv = c.dir.join(format!("all_reduce-{layout}.csv"));
-                    assert!(csv.is_file(), "no {}", csv.display());
-                }
-            },
-        },
-        // nsys itself is not here: a stand-in records its arguments, writes the report file
-        // its --output names (expanding %q{VAR} as nsys does) and runs the program.
-        Job {
-            name: "05-nsys-profile",
-            script: "slurm/05-nsys-profile.sbatch",
-            must_fail: false,
-            needs: &["02-allreduce"],
-            options: &[],
-            env: &[("NSYS", "@fake-nsys")],
-            args: &["--len", "4"],
-            check: |c| {
-                allreduced(&c.output, 4, 4, "");
-                for rank in 0..4 {
-                    let report = c.dir.join(format!("02-allreduce-rank{rank}.nsys-rep"));
-                    assert!(report.is_file(), "no {}", report.display());
-                    let args = std::fs::read_to_string(&report).unwrap();
-                    assert!(args.starts_with("profile --trace=cuda,nvtx,osrt"), "{args}");
-                }
-            },
-        },
-        // The profiling recipe for example 03, as docs/src/profiling.md shows it (no arguments:
-        // 03 takes no --len, so the script gives it none).
-        Job {
-            name: "05-nsys-profile-03",
-            script: "slurm/05-nsys-profile.sbatch",
-            must_fail: false,
-            needs: &["03-multinode-gloo-vs-nccl"],
-            options: &[],
-            env: &[
-                ("NSYS", "@fake-nsys"),
-                ("EXAMPLE", "03-multinode-gloo-vs-nccl"),
-            ],
-            args: &[],
-            check: |c| {
-                cpu_line(&c.output, "100 MB");
-                for rank in 0..4 {
-                    let report = c
-                        .dir
-                        .join(format!("03-multinode-gloo-vs-nccl-rank{rank}.nsys-rep"));
-                    assert!(report.is_file(), "no {}", report.display());
-                }
-            },
-        },
-        // ncu is not here either: a stand-in writes the report --export names and runs the program.
-        Job {
-            name: "06-ncu-kernel",
-            script: "slurm/06-ncu-kernel.sbatch",
-            must_fail: false,
-            needs: &["03-multinode-gloo-vs-nccl"],
-            options: &[],
-            env: &[("NCU", "@fake-ncu"), ("WARMUP", "1"), ("ITERS", "2")],
-            args: &["--size-mb", "1"],
-            check: |c| {
-                cpu_line(&c.output, "1 MB");
-                let report = std::fs::read_to_string(c.dir.join("rank0.ncu-rep")).unwrap();
-                assert!(report.contains("--kernel-name regex:ncclDevKernel_AllReduce_Sum_f32 --launch-skip 1 --launch-count 1 --metrics gpu__time_duration.sum,"), "{report}");
-                assert!(
-                    report.contains(" --warmup 1 --iters 2 --size-mb 1"),
-                    "{report}"
-                );
-                assert!(
-                    !c.dir.join("rank1.ncu-rep").exists(),
-                    "only rank 0 runs under ncu"
-                );
-            },
-        },
-        // 00 -> 03 in one submission: 00-02 on one node, then 03 on both.
-        Job {
-            name: "00-03-course",
-            script: "slurm/00-03-course.sbatch",
-            must_fail: false,
-            needs: &[
-                "00-hello-world",
-                "01-broadcast",
-                "02-allreduce",
-                "03-multinode-gloo-vs-nccl",
-            ],
-            options: &["--ntasks-per-node=2", "--gres=gpu:2"],
-            env: &[],
-            args: &["--size-mb", "1", "--iters", "2", "--warmup", "1"],
-            check: |c| {
-                let order = [
-                    "== 00-hello-world: 1 node x 2 ranks",
-                    "== 01-broadcast: 1 node x 2 ranks",
-                    "== 02-allreduce: 1 node x 2 ranks",
-                    "== 03-multinode-gloo-vs-nccl: 2 node(s) x 2 ranks",
-                    "== done: 00 -> 03",
-                ];
-                let at: Vec<usize> = order
-                    .iter()
-                    .map(|l| c.output.find(l).unwrap_or_else(|| panic!("no {l:?}")))
-                    .collect();
-                assert!(at.windows(2).all(|w| w[0] < w[1]), "not in order 00 -> 03");
-                hellos(&c.output, 1, 2, "");
-                allreduced(&c.output, 2, 4, "");
-                cpu_line(&c.output, "1 MB");
-            },
-        },
-        // One torchrun per node under srun (torch from the local environment that
-        // scripts/torch-env.sh makes), each starting 4 workers; c10d rendezvous on the first node.
-        Job {
-            name: "07-torchrun",
-            script: "slurm/07-torchrun.sbatch",
-            must_fail: false,
-            needs: &["02-allreduce"],
-            options: &[],
-            env: &[("TORCH_VENV", "@torch-venv")],
-            args: &["--len", "3"],
-            check: |c| {
-                let port = 20000 + c.job_id() % 20000;
-                let line = format!("on 2 node(s) (node[1-2]), 4 ranks per node, started by torchrun (c10d rendezvous at node1:{port})");
+    },
+    // Multi-node, torchrun's way: one commrun per node, each starting 2 workers.
+    Job {
+        name: "02-allreduce-2x2-commrun",
+        script: "slurm/02-allreduce.sbatch",
+        must_fail: false,
+        needs: &["02-allreduce", "commrun"],
+        options: &["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2"],
+        env: &[("LAUNCH", "commrun")],
+        args: &["--len", "3"],
+        check: |c| {
+            for node in 0..2 {
+                let line = format!("commrun: node {node} of 2 on ");
                 assert!(c.output.contains(&line), "{line:?}");
-                ranks_once(&c.output, 8);
-                allreduced(&c.output, 8, 3, "");
-            },
+            }
+            assert!(c.output.contains(&format!(
+                "ranks 2-3 of 4, rendezvous at node1:{}",
+                20000 + c.job_id() % 20000
+            )));
+            for rank in 0..4 {
+                let line = format!("[{rank}]: Rank {rank} using device: cpu:{rank}\n");
+                assert!(c.output.contains(&line), "{line:?}");
+            }
+            allreduced(&c.output, 4, 3, "[0]: ");
         },
-        // The same with static rendezvous: each node's --node_rank from its own SLURM_NODEID.
-        Job {
-            name: "07-torchrun-static",
-            script: "slurm/07-torchrun.sbatch",
-            must_fail: false,
-            needs: &["02-allreduce"],
-            options: &[],
-            env: &[("TORCH_VENV", "@torch-venv"), ("RDZV", "static")],
-            args: &["--len", "3"],
-            check: |c| {
-                assert!(c
-                    .output
-                    .contains("started by torchrun (static rendezvous at node1:"));
-                ranks_once(&c.output, 8);
-                allreduced(&c.output, 8, 3, "");
-            },
+    },
+    // Seed 003's training on two nodes of 4, one rank per task: the loss falls and all 8
+    // ranks end with the same weights.
+    Job {
+        name: "06-ddp-training",
+        script: "slurm/10-ddp-training.sbatch",
+        must_fail: false,
+        needs: &["06-ddp-training"],
+        options: &[],
+        env: &[],
+        args: &["--iters", "30", "--log-every", "10"],
+        check: |c| {
+            let out = &c.output;
+            assert!(
+                out.contains("on 2 node(s) (node[1-2]), 4 ranks per node"),
+                "{out}"
+            );
+            assert!(out.contains("8 ranks x batch 32 = 256 a step"), "{out}");
+            assert!(out.contains("step   29  loss "), "{out}");
+            let sums: Vec<&str> = out
+                .lines()
+                .filter_map(|l| l.split_once(": weights ")?.1.split(',').next())
+                .collect();
+            assert_eq!(sums.len(), 8, "{out}");
+            assert!(sums.iter().all(|s| *s == sums[0]), "{sums:?}");
         },
-        // A course's reservation, given the way the scripts document it (sbatch's own variables).
-        Job {
-            name: "00-hello-world-reservation",
-            script: "slurm/00-hello-world.sbatch",
-            must_fail: false,
-            needs: &["00-hello-world"],
-            options: &[],
-            env: &[
-                ("SBATCH_RESERVATION", RESERVATION),
-                ("SBATCH_QOS", "normal"),
-            ],
-            args: &[],
-            check: |c| hellos(&c.output, 1, 4, ""),
+    },
+    Job {
+        name: "03-multinode-2x1",
+        script: "slurm/03-multinode-2x1.sbatch",
+        must_fail: false,
+        needs: &["03-multinode-gloo-vs-nccl"],
+        options: &[],
+        env: &[],
+        args: &["--size-mb", "2", "--iters", "3", "--warmup", "1"],
+        check: |c| {
+            assert!(c
+                .output
+                .contains("on 2 node(s) (node[1-2]), 1 ranks per node"));
+            cpu_line(&c.output, "2 MB");
+            nccl_skipped(c);
         },
-        // A module the site does not have: the job stops with what module said and what to do.
-        Job {
-            name: "00-hello-world-bad-module",
-            script: "slurm/00-hello-world.sbatch",
-            must_fail: true,
-            needs: &[],
-            options: &[],
-            env: &[("MODULES", "cuda nccl/0.0-not-here")],
-            args: &[],
-            check: |c| {
-                assert!(c
-                    .output
-                    .contains("The following module(s) are unknown: \"nccl/0.0-not-here\""));
-                assert!(c
-                    .output
-                    .contains("error: `module load cuda nccl/0.0-not-here` failed"));
-                assert!(!c.output.contains("Hello from rank"));
-            },
+    },
+    Job {
+        name: "03-multinode-2x4",
+        script: "slurm/03-multinode-2x4.sbatch",
+        must_fail: false,
+        needs: &["03-multinode-gloo-vs-nccl"],
+        options: &[],
+        env: &[],
+        args: &["--size-mb", "2", "--iters", "3", "--warmup", "1"],
+        check: |c| {
+            assert!(c
+                .output
+                .contains("on 2 node(s) (node[1-2]), 4 ranks per node"));
+            cpu_line(&c.output, "2 MB");
+            nccl_skipped(c);
         },
-    ]
-}
+    },
+    Job {
+        name: "04-bench-sweep",
+        script: "slurm/04-bench-sweep.sbatch",
+        must_fail: false,
+        needs: &["comm-bench"],
+        options: &[],
+        env: &[
+            ("OPS", "all_reduce"),
+            ("MAX_BYTES", "1K"),
+            ("ITERS", "2"),
+            ("WARMUP", "1"),
+        ],
+        args: &[],
+        check: |c| {
+            for layout in ["1x4", "2x4"] {
+                let csv = c.dir.join(format!("all_reduce-{layout}.csv"));
+                assert!(csv.is_file(), "no {}", csv.display());
+            }
+        },
+    },
+    // nsys itself is not here: a stand-in records its arguments, writes the report file
+    // its --output names (expanding %q{VAR} as nsys does) and runs the program.
+    Job {
+        name: "05-nsys-profile",
+        script: "slurm/05-nsys-profile.sbatch",
+        must_fail: false,
+        needs: &["02-allreduce"],
+        options: &[],
+        env: &[("NSYS", "@fake-nsys")],
+        args: &["--len", "4"],
+        check: |c| {
+            allreduced(&c.output, 4, 4, "");
+            for rank in 0..4 {
+                let report = c.dir.join(format!("02-allreduce-rank{rank}.nsys-rep"));
+                assert!(report.is_file(), "no {}", report.display());
+                let args = std::fs::read_to_string(&report).unwrap();
+                assert!(args.starts_with("profile --trace=cuda,nvtx,osrt"), "{args}");
+            }
+        },
+    },
+    // The profiling recipe for example 03, as docs/src/profiling.md shows it (no arguments:
+    // 03 takes no --len, so the script gives it none).
+    Job {
+        name: "05-nsys-profile-03",
+        script: "slurm/05-nsys-profile.sbatch",
+        must_fail: false,
+        needs: &["03-multinode-gloo-vs-nccl"],
+        options: &[],
+        env: &[
+            ("NSYS", "@fake-nsys"),
+            ("EXAMPLE", "03-multinode-gloo-vs-nccl"),
+        ],
+        args: &[],
+        check: |c| {
+            cpu_line(&c.output, "100 MB");
+            for rank in 0..4 {
+                let report = c
+                    .dir
+                    .join(format!("03-multinode-gloo-vs-nccl-rank{rank}.nsys-rep"));
+                assert!(report.is_file(), "no {}", report.display());
+            }
+        },
+    },
+    // ncu is not here either: a stand-in writes the report --export names and runs the program.
+    Job {
+        name: "06-ncu-kernel",
+        script: "slurm/06-ncu-kernel.sbatch",
+        must_fail: false,
+        needs: &["03-multinode-gloo-vs-nccl"],
+        options: &[],
+        env: &[("NCU", "@fake-ncu"), ("WARMUP", "1"), ("ITERS", "2")],
+        args: &["--size-mb", "1"],
+        check: |c| {
+            cpu_line(&c.output, "1 MB");
+            let report = std::fs::read_to_string(c.dir.join("rank0.ncu-rep")).unwrap();
+            assert!(report.contains("--kernel-name regex:ncclDevKernel_AllReduce_Sum_f32 --launch-skip 1 --launch-count 1 --metrics gpu__time_duration.sum,"), "{report}");
+            assert!(
+                report.contains(" --warmup 1 --iters 2 --size-mb 1"),
+                "{report}"
+            );
+            assert!(
+                !c.dir.join("rank1.ncu-rep").exists(),
+                "only rank 0 runs under ncu"
+            );
+        },
+    },
+    // 00 -> 03 in one submission: 00-02 on one node, then 03 on both.
+    Job {
+        name: "00-03-course",
+        script: "slurm/00-03-course.sbatch",
+        must_fail: false,
+        needs: &[
+            "00-hello-world",
+            "01-broadcast",
+            "02-allreduce",
+            "03-multinode-gloo-vs-nccl",
+        ],
+        options: &["--ntasks-per-node=2", "--gres=gpu:2"],
+        env: &[],
+        args: &["--size-mb", "1", "--iters", "2", "--warmup", "1"],
+        check: |c| {
+            let order = [
+                "== 00-hello-world: 1 node x 2 ranks",
+                "== 01-broadcast: 1 node x 2 ranks",
+                "== 02-allreduce: 1 node x 2 ranks",
+                "== 03-multinode-gloo-vs-nccl: 2 node(s) x 2 ranks",
+                "== done: 00 -> 03",
+            ];
+            let at: Vec<usize> = order
+                .iter()
+                .map(|l| c.output.find(l).unwrap_or_else(|| panic!("no {l:?}")))
+                .collect();
+            assert!(at.windows(2).all(|w| w[0] < w[1]), "not in order 00 -> 03");
+            hellos(&c.output, 1, 2, "");
+            allreduced(&c.output, 2, 4, "");
+            cpu_line(&c.output, "1 MB");
+        },
+    },
+    // One torchrun per node under srun (torch from the local environment that
+    // scripts/torch-env.sh makes), each starting 4 workers; c10d rendezvous on the first node.
+    Job {
+        name: "07-torchrun",
+        script: "slurm/07-torchrun.sbatch",
+        must_fail: false,
+        needs: &["02-allreduce"],
+        options: &[],
+        env: &[("TORCH_VENV", "@torch-venv")],
+        args: &["--len", "3"],
+        check: |c| {
+            let port = 20000 + c.job_id() % 20000;
+            let line = format!("on 2 node(s) (node[1-2]), 4 ranks per node, started by torchrun (c10d rendezvous at node1:{port})");
+            assert!(c.output.contains(&line), "{line:?}");
+            ranks_once(&c.output, 8);
+            allreduced(&c.output, 8, 3, "");
+        },
+    },
+    // The same with static rendezvous: each node's --node_rank from its own SLURM_NODEID.
+    Job {
+        name: "07-torchrun-static",
+        script: "slurm/07-torchrun.sbatch",
+        must_fail: false,
+        needs: &["02-allreduce"],
+        options: &[],
+        env: &[("TORCH_VENV", "@torch-venv"), ("RDZV", "static")],
+        args: &["--len", "3"],
+        check: |c| {
+            assert!(c
+                .output
+                .contains("started by torchrun (static rendezvous at node1:"));
+            ranks_once(&c.output, 8);
+            allreduced(&c.output, 8, 3, "");
+        },
+    },
+    // A course's reservation, given the way the scripts document it (sbatch's own variables).
+    Job {
+        name: "00-hello-world-reservation",
+        script: "slurm/00-hello-world.sbatch",
+        must_fail: false,
+        needs: &["00-hello-world"],
+        options: &[],
+        env: &[
+            ("SBATCH_RESERVATION", RESERVATION),
+            ("SBATCH_QOS", "normal"),
+        ],
+        args: &[],
+        check: |c| hellos(&c.output, 1, 4, ""),
+    },
+    // A module the site does not have: the job stops with what module said and what to do.
+    Job {
+        name: "00-hello-world-bad-module",
+        script: "slurm/00-hello-world.sbatch",
+        must_fail: true,
+        needs: &[],
+        options: &[],
+        env: &[("MODULES", "cuda nccl/0.0-not-here")],
+        args: &[],
+        check: |c| {
+            assert!(c
+                .output
+                .contains("The following module(s) are unknown: \"nccl/0.0-not-here\""));
+            assert!(c
+                .output
+                .contains("error: `module load cuda nccl/0.0-not-here` failed"));
+            assert!(!c.output.contains("Hello from rank"));
+        },
+    },
+];
 
 /// The reservation the local cluster has while the job that names it runs.
 const RESERVATION: &str = "nccl-course";
@@ -807,7 +806,7 @@ fn slurm_scripts_run_on_a_real_slurm() {
         return;
     }
     let started = Instant::now();
-    let jobs = jobs();
+    let jobs = JOBS;
     // Every script of slurm/ is submitted here.
     for entry in std::fs::read_dir(Path::new(REPO).join("slurm")).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
@@ -820,117 +819,108 @@ fn slurm_scripts_run_on_a_real_slurm() {
         }
     }
     let bin = the_one_build();
-    for job in &jobs {
+    for job in jobs {
         for need in job.needs {
             let path = bin.join(need);
             assert!(path.is_file(), "`{BUILD}` built no {}", path.display());
         }
     }
-    let machine = backend::on_this_machine(&bin.join("00-hello-world"), &[]);
     // Short: munge's socket path must stay under 100 characters.
     let root = PathBuf::from(format!("/tmp/nccl-slurm-{}", std::process::id()));
     let cluster = Cluster::start(&root.join("cluster"));
-    let fake_nsys = root.join("fake-nsys");
-    std::fs::write(&fake_nsys, FAKE_NSYS).unwrap();
-    let fake_ncu = root.join("fake-ncu");
-    std::fs::write(&fake_ncu, FAKE_NCU).unwrap();
-    for fake in [&fake_nsys, &fake_ncu] {
-        let executable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
-        std::fs::set_permissions(fake, executable).unwrap();
+    let ctx = Submission::new(root.clone(), bin);
+    let mut ran = Vec::new();
+    for job in jobs {
+        if ctx.submit_and_check(&cluster, job) {
+            ran.push(job.name);
+        }
+    }
+    leonardos_refusals(&cluster);
+    // On a machine with GPUs the recipe's ranks would share them (both nodes are this machine;
+    // the scripts above run with BACKEND=cpu, the recipe sets no backend): there it is skipped.
+    if matches!(ctx.machine.kind, Kind::Cpu) {
+        the_interactive_recipe(&cluster, &ctx.bin);
+        ran.push("interactive recipe (salloc, srun)");
+    } else {
+        say("skipped: slurm/README.md's interactive recipe (this machine's GPUs would be shared)");
+    }
+    one_gpu_per_task(&cluster);
+    ran.push("refusals and GPU binding");
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&root);
+    say(&format!(
+        "slurm: {} jobs ran and were checked in {:.0?} ({})",
+        ran.len(),
+        started.elapsed(),
+        ran.join(", ")
+    ));
+}
+
+/// What every job's submission shares: its folders, the built programs, the stand-ins for nsys
+/// and ncu, torch's environment where there is one, and what this machine's backend is.
+struct Submission {
+    root: PathBuf,
+    bin: PathBuf,
+    fake_nsys: PathBuf,
+    fake_ncu: PathBuf,
+    torch_venv: Option<PathBuf>,
+    machine: Backend,
+}
+
+impl Submission {
+    fn new(root: PathBuf, bin: PathBuf) -> Submission {
+        let machine = backend::on_this_machine(&bin.join("00-hello-world"), &[]);
+        let fake_nsys = root.join("fake-nsys");
+        std::fs::write(&fake_nsys, FAKE_NSYS).unwrap();
+        let fake_ncu = root.join("fake-ncu");
+        std::fs::write(&fake_ncu, FAKE_NCU).unwrap();
+        for fake in [&fake_nsys, &fake_ncu] {
+            let executable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+            std::fs::set_permissions(fake, executable).unwrap();
+        }
+        // The torchrun jobs need torch (scripts/torch-env.sh install): skipped without it,
+        // unless NCCL_WORKSHOP_REQUIRE_TORCH=1.
+        let torch_venv = match torch::find() {
+            Ok(t) => Some(t.venv),
+            Err(why) => {
+                assert!(!torch::required(), "{}=1 but {why}", torch::REQUIRE);
+                None
+            }
+        };
+        Submission {
+            root,
+            bin,
+            fake_nsys,
+            fake_ncu,
+            torch_venv,
+            machine,
+        }
     }
 
-    // The torchrun jobs need torch (scripts/torch-env.sh install): skipped without it, unless
-    // NCCL_WORKSHOP_REQUIRE_TORCH=1.
-    let torch_venv = match torch::find() {
-        Ok(t) => Some(t.venv),
-        Err(why) => {
-            assert!(!torch::required(), "{}=1 but {why}", torch::REQUIRE);
-            None
-        }
-    };
-    let mut ran = Vec::new();
-    for job in &jobs {
+    /// Submits `job` with sbatch, waits for it, and runs its check; false when it was skipped.
+    fn submit_and_check(&self, cluster: &Cluster, job: &Job) -> bool {
         let needs_torch = job.env.iter().any(|(_, v)| *v == "@torch-venv");
-        if needs_torch && torch_venv.is_none() {
+        if needs_torch && self.torch_venv.is_none() {
             say(&format!(
                 "skipped: job {}: no torch (bash scripts/torch-env.sh install)",
                 job.name
             ));
-            continue;
+            return false;
         }
-        let dir = root.join(job.name);
+        let dir = self.root.join(job.name);
         std::fs::create_dir_all(&dir).unwrap();
         let output_file = dir.join("job.out");
-        let mut sbatch = cluster.command("sbatch");
-        sbatch
-            .current_dir(REPO)
-            .plainly()
-            .env("BACKEND", "cpu")
-            .env("OUT_DIR", &dir)
-            .env("SBATCH_ACCOUNT", ACCOUNT)
-            .arg("--parsable")
-            .arg(format!("--output={}", output_file.display()))
-            .args(job.options)
-            .arg(job.script)
-            .args(job.args);
-        // The scripts' default BIN_DIR is $SLURM_SUBMIT_DIR/target/release: set only if cargo
-        // builds elsewhere (CARGO_TARGET_DIR).
-        if bin != Path::new(REPO).join("target/release") {
-            sbatch.env("BIN_DIR", &bin);
-        }
-        if job
+        let reserved = job
             .env
             .iter()
-            .any(|(name, _)| *name == "SBATCH_RESERVATION")
-        {
+            .any(|(name, _)| *name == "SBATCH_RESERVATION");
+        if reserved {
             cluster.reserve(RESERVATION);
         }
-        for (name, value) in job.env {
-            match *value {
-                "@fake-nsys" => sbatch.env(name, &fake_nsys),
-                "@fake-ncu" => sbatch.env(name, &fake_ncu),
-                "@torch-venv" => sbatch.env(name, torch_venv.as_ref().expect("torch")),
-                _ => sbatch.env(name, value),
-            };
-        }
-        let submitted = sbatch.output().unwrap();
-        assert!(
-            submitted.status.success(),
-            "sbatch {} refused it: {}",
-            job.script,
-            String::from_utf8_lossy(&submitted.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&submitted.stdout);
-        let id = stdout.trim().split(';').next().unwrap().to_string();
-
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let (state, exit) = loop {
-            match cluster.job_state(&id) {
-                Some((state, exit))
-                    if !matches!(
-                        state.as_str(),
-                        "PENDING" | "CONFIGURING" | "RUNNING" | "COMPLETING" | "SUSPENDED"
-                    ) =>
-                {
-                    break (state, exit)
-                }
-                _ if Instant::now() > deadline => {
-                    let _ = cluster.command("scancel").arg(&id).status();
-                    panic!(
-                        "job {} ({id}) did not finish within 120 s\n{}",
-                        job.name,
-                        cluster.logs()
-                    );
-                }
-                _ => std::thread::sleep(Duration::from_millis(200)),
-            }
-        };
+        let id = self.submit(cluster, job, &dir, &output_file);
+        let (state, exit) = finished(cluster, job, &id);
         let output = std::fs::read_to_string(&output_file).unwrap_or_default();
-        if job
-            .env
-            .iter()
-            .any(|(name, _)| *name == "SBATCH_RESERVATION")
-        {
+        if reserved {
             cluster.unreserve(RESERVATION);
         }
         let ok = if job.must_fail {
@@ -948,7 +938,7 @@ fn slurm_scripts_run_on_a_real_slurm() {
         let checked = Checked {
             output,
             dir,
-            machine: machine.clone(),
+            machine: self.machine.clone(),
         };
         let result =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (job.check)(&checked)));
@@ -959,9 +949,76 @@ fn slurm_scripts_run_on_a_real_slurm() {
             ));
             std::panic::resume_unwind(e);
         }
-        ran.push(job.name);
+        true
     }
-    // What Leonardo refuses is refused here, at submission.
+
+    /// `sbatch` of `job`, its output to `output_file`: the job's id.
+    fn submit(&self, cluster: &Cluster, job: &Job, dir: &Path, output_file: &Path) -> String {
+        let mut sbatch = cluster.command("sbatch");
+        sbatch
+            .current_dir(REPO)
+            .plainly()
+            .env("BACKEND", "cpu")
+            .env("OUT_DIR", dir)
+            .env("SBATCH_ACCOUNT", ACCOUNT)
+            .arg("--parsable")
+            .arg(format!("--output={}", output_file.display()))
+            .args(job.options)
+            .arg(job.script)
+            .args(job.args);
+        // The scripts' default BIN_DIR is $SLURM_SUBMIT_DIR/target/release: set only if cargo
+        // builds elsewhere (CARGO_TARGET_DIR).
+        if self.bin != Path::new(REPO).join("target/release") {
+            sbatch.env("BIN_DIR", &self.bin);
+        }
+        for (name, value) in job.env {
+            match *value {
+                "@fake-nsys" => sbatch.env(name, &self.fake_nsys),
+                "@fake-ncu" => sbatch.env(name, &self.fake_ncu),
+                "@torch-venv" => sbatch.env(name, self.torch_venv.as_ref().expect("torch")),
+                _ => sbatch.env(name, value),
+            };
+        }
+        let submitted = sbatch.output().unwrap();
+        assert!(
+            submitted.status.success(),
+            "sbatch {} refused it: {}",
+            job.script,
+            String::from_utf8_lossy(&submitted.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&submitted.stdout);
+        stdout.trim().split(';').next().unwrap().to_string()
+    }
+}
+
+/// Waits (at most 120 s) for job `id` to end: its state and exit code.
+fn finished(cluster: &Cluster, job: &Job, id: &str) -> (String, String) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match cluster.job_state(id) {
+            Some((state, exit))
+                if !matches!(
+                    state.as_str(),
+                    "PENDING" | "CONFIGURING" | "RUNNING" | "COMPLETING" | "SUSPENDED"
+                ) =>
+            {
+                return (state, exit)
+            }
+            _ if Instant::now() > deadline => {
+                let _ = cluster.command("scancel").arg(id).status();
+                panic!(
+                    "job {} ({id}) did not finish within 120 s\n{}",
+                    job.name,
+                    cluster.logs()
+                );
+            }
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+/// What Leonardo refuses is refused here, at submission.
+fn leonardos_refusals(cluster: &Cluster) {
     for (options, env, says) in REFUSED {
         let mut sbatch = cluster.command("sbatch");
         sbatch
@@ -979,38 +1036,37 @@ fn slurm_scripts_run_on_a_real_slurm() {
             String::from_utf8_lossy(&out.stdout)
         );
     }
-    // slurm/README.md's interactive recipe: salloc, then srun in its shell, 4 ranks then 2. On a
-    // machine with GPUs its ranks would share them (both nodes are this machine; the scripts
-    // above run with BACKEND=cpu, the recipe sets no backend): there it is skipped.
-    if matches!(machine.kind, Kind::Cpu) {
-        let (options, typed) = interactive_recipe(&bin);
-        let out = cluster
-            .command("salloc")
-            .current_dir(REPO)
-            .plainly()
-            .args(&options)
-            .args(["bash", "-c", &format!("set -e\n{}", typed.join("\n"))])
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "salloc {options:?} with {typed:?} failed:\n{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let second = stdout
-            .match_indices("Before reduce:")
-            .nth(1)
-            .map(|(at, _)| at)
-            .unwrap_or_else(|| panic!("the recipe's two runs did not both print:\n{stdout}"));
-        allreduced(&stdout[..second], 4, 8, "");
-        allreduced(&stdout[second..], 2, 8, "");
-        ran.push("interactive recipe (salloc, srun)");
-    } else {
-        say("skipped: slurm/README.md's interactive recipe (this machine's GPUs would be shared)");
-    }
-    // GRES binding as on Leonardo: --gpus-per-task=1 gives each task one entry of
-    // CUDA_VISIBLE_DEVICES (where mknod works: the GPUs are stand-in devices).
+}
+
+/// slurm/README.md's interactive recipe: salloc, then srun in its shell, 4 ranks then 2.
+fn the_interactive_recipe(cluster: &Cluster, bin: &Path) {
+    let (options, typed) = interactive_recipe(bin);
+    let out = cluster
+        .command("salloc")
+        .current_dir(REPO)
+        .plainly()
+        .args(&options)
+        .args(["bash", "-c", &format!("set -e\n{}", typed.join("\n"))])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "salloc {options:?} with {typed:?} failed:\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let second = stdout
+        .match_indices("Before reduce:")
+        .nth(1)
+        .map(|(at, _)| at)
+        .unwrap_or_else(|| panic!("the recipe's two runs did not both print:\n{stdout}"));
+    allreduced(&stdout[..second], 4, 8, "");
+    allreduced(&stdout[second..], 2, 8, "");
+}
+
+/// GRES binding as on Leonardo: --gpus-per-task=1 gives each task one entry of
+/// CUDA_VISIBLE_DEVICES (where mknod works: the GPUs are stand-in devices).
+fn one_gpu_per_task(cluster: &Cluster) {
     let out = cluster
         .command("srun")
         .args([
@@ -1034,13 +1090,4 @@ fn slurm_scripts_run_on_a_real_slurm() {
         .collect();
     seen.sort();
     assert_eq!(seen, ["0=0", "1=1", "2=2", "3=3"], "--gpus-per-task=1");
-    ran.push("refusals and GPU binding");
-    drop(cluster);
-    let _ = std::fs::remove_dir_all(&root);
-    say(&format!(
-        "slurm: {} jobs ran and were checked in {:.0?} ({})",
-        ran.len(),
-        started.elapsed(),
-        ran.join(", ")
-    ));
 }
