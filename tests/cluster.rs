@@ -328,6 +328,26 @@ fn sweep_and_model(bin: &Path) {
     std::fs::remove_file(csv).unwrap();
 }
 
+/// What the job of `line` (an `sbatch --wait` of a script of slurm/) wrote: the script's
+/// `%x-%j.out` in the repository, read and removed. sbatch's last word is the job's id.
+fn job_output(line: &str, sbatch: &Output) -> String {
+    let said = String::from_utf8_lossy(&sbatch.stdout);
+    let id = said.trim().rsplit(' ').next().unwrap_or_default();
+    let script = line
+        .split_whitespace()
+        .find(|w| w.ends_with(".sbatch"))
+        .unwrap();
+    let name = script
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .trim_end_matches(".sbatch");
+    let file = Path::new(REPO).join(format!("{name}-{id}.out"));
+    let job = std::fs::read_to_string(&file).unwrap_or_default();
+    let _ = std::fs::remove_file(&file);
+    job
+}
+
 /// Slurm across both nodes: slurmctld on node0, a slurmd per node; sbatch and salloc + srun
 /// from this machine (the login node), as the chapter writes them.
 fn slurm_across_nodes(bin: &Path) {
@@ -360,40 +380,14 @@ fn slurm_across_nodes(bin: &Path) {
         .iter()
         .map(|line| {
             let out = as_written(line, &sourced, bin).output().unwrap();
-            let said = String::from_utf8_lossy(&out.stdout).into_owned();
-            let id = said
-                .trim()
-                .rsplit(' ')
-                .next()
-                .unwrap_or_default()
-                .to_string();
-            let script = line
-                .split_whitespace()
-                .find(|w| w.ends_with(".sbatch"))
-                .unwrap();
-            let name = script
-                .rsplit('/')
-                .next()
-                .unwrap()
-                .trim_end_matches(".sbatch");
-            let file = Path::new(REPO).join(format!("{name}-{id}.out"));
-            let job = std::fs::read_to_string(&file).unwrap_or_default();
-            let _ = std::fs::remove_file(&file);
+            let job = job_output(line, &out);
             (*line, out, job)
         })
         .collect();
     let stopped = stop();
     let _ = std::fs::remove_dir_all("/tmp/box-slurm");
     let said = String::from_utf8_lossy(&sbatch.stdout).into_owned();
-    let id = said
-        .trim()
-        .rsplit(' ')
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let file = Path::new(REPO).join(format!("03-multinode-2x1-{id}.out"));
-    let job = std::fs::read_to_string(&file).unwrap_or_default();
-    let _ = std::fs::remove_file(&file);
+    let job = job_output("sbatch --wait slurm/03-multinode-2x1.sbatch", &sbatch);
     assert!(
         sbatch.status.success(),
         "sbatch: {said}{}\n{job}",
