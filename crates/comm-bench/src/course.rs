@@ -234,15 +234,7 @@ impl CourseColumns {
 /// Writes rows as [`record::write_csv`] does, each followed by its [`CourseColumns`].
 /// `comm-bench report` reads the file as any other (it ignores the columns it does not know).
 pub fn write_course_csv(path: &Path, rows: &[Row]) -> Result<(), BenchError> {
-    let fail = |source| BenchError::WriteCsv {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut w = csv::Writer::from_path(path).map_err(fail)?;
-    for row in rows {
-        w.serialize((row, CourseColumns::of(row))).map_err(fail)?;
-    }
-    w.flush().map_err(|e| fail(e.into()))
+    record::write_csv_records(path, rows.iter().map(|row| (row, CourseColumns::of(row))))
 }
 
 /// Writes the CSVs and runs the report with the course's names; prints its observations.

@@ -178,13 +178,22 @@ impl Row {
 }
 
 pub fn write_csv(path: &Path, rows: &[Row]) -> Result<(), BenchError> {
+    write_csv_records(path, rows)
+}
+
+/// A CSV of `records`, one line each, the header from the first: rows, or rows with columns
+/// added after theirs (a tuple `(row, extra)`).
+pub fn write_csv_records<R: serde::Serialize>(
+    path: &Path,
+    records: impl IntoIterator<Item = R>,
+) -> Result<(), BenchError> {
     let fail = |source| BenchError::WriteCsv {
         path: path.to_path_buf(),
         source,
     };
     let mut w = csv::Writer::from_path(path).map_err(fail)?;
-    for row in rows {
-        w.serialize(row).map_err(fail)?;
+    for record in records {
+        w.serialize(record).map_err(fail)?;
     }
     w.flush().map_err(|e| fail(e.into()))
 }
