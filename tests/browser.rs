@@ -20,7 +20,7 @@
 //! them killed.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -97,7 +97,7 @@ struct Tools {
 
 /// The programs, or None (having said why) where one is missing and the check is not required.
 fn tools_or_skip() -> Option<Tools> {
-    let find = |names: &[&str]| names.iter().find_map(|name| on_path(name));
+    let find = |names: &[&str]| names.iter().find_map(|name| process::on_path(name));
     let mdbook = find(&["mdbook"]);
     let chromium = find(&["chromium", "chromium-browser", "google-chrome"]);
     let chromedriver = find(&["chromedriver"]);
@@ -129,17 +129,6 @@ fn tools_or_skip() -> Option<Tools> {
     })
 }
 
-/// `name` found in a folder of PATH, as the shell finds it.
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(name))
-        .find(|path| {
-            use std::os::unix::fs::PermissionsExt;
-            path.metadata()
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-}
-
 /// `mdbook build docs -d OUT`, which must log no error or warning.
 fn build_book(mdbook: &Path, out: &Path) {
     let built = process::start(
@@ -169,7 +158,7 @@ struct Browser {
 
 impl Browser {
     fn start(tools: &Tools, scratch: &Path, tag: &Tag) -> Browser {
-        let port = free_port();
+        let port = comm_core::spawn::free_port().unwrap();
         let mut command = Command::new(&tools.chromedriver);
         command.arg(format!("--port={port}"));
         let driver = process::start(tag.mark(&mut command));
@@ -324,12 +313,6 @@ impl Drop for Browser {
             );
         }
     }
-}
-
-/// A port nothing listens on now (the kernel's pick), for ChromeDriver.
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().unwrap().port()
 }
 
 /// One HTTP/1.1 request to ChromeDriver, JSON in and out: the response's `value`, or what went

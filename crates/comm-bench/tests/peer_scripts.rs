@@ -283,12 +283,7 @@ fn assert_refused_before_anything_ran(out: &Finished, peer_hint: &str, ran: &Pat
 
 /// Whether `program` is an executable file in a folder of PATH.
 fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path).any(|dir| {
-            std::fs::metadata(dir.join(program))
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-    })
+    test_support::process::on_path(program).is_some()
 }
 
 /// A real comparison: 2 ranks, 1 MB, the four collectives, where mpicc and mpirun are on PATH;

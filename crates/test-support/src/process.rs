@@ -359,6 +359,17 @@ pub fn wait_for_pids_in(dir: &Path, names: &[impl AsRef<str>], limit: Duration) 
     }
 }
 
+/// `name` found in a folder of PATH, as the shell finds it: an executable file.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|path| {
+            path.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
