@@ -6,6 +6,7 @@
 //! [`Settings`] and hands each part what it obeys: the timeout to the store, the transports and
 //! NCCL; the transport, algorithm, steps and trace to the communicators.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,7 +69,8 @@ impl Job {
         let (addr, port) = (&topology.master_addr, topology.master_port);
         let store = Store::join(addr, port, &who, settings.timeout)?;
         let serving = server.clone();
-        store.when_job_ends(move |error| stop_now(rank, &error, serving.as_deref()));
+        let own = store.own_addrs();
+        store.when_job_ends(move |error| stop_now(rank, &error, serving.as_deref(), &own));
         crate::phase::enter(Phase::Working);
         if settings.trace.is_some() {
             crate::trace::start(&store.scoped("trace"), rank, world_size)?;
@@ -206,8 +208,7 @@ impl Job {
     pub fn linger(&self) {
         if let Some(server) = &self.server {
             let longest = self.settings.timeout.min(LINGER);
-            // This rank's own two connections (requests and the watcher) stay open meanwhile.
-            server.wait_until_at_most(2, longest);
+            server.wait_until_only(&self.store.own_addrs(), longest);
         }
     }
 
@@ -241,15 +242,14 @@ impl Job {
 /// store a moment longer (up to 1 s), until the other ranks have read why the job ended and left.
 ///
 /// The exit is [`crate::failure_record::exit_now`]: the rank's own thread may be inside NCCL or CUDA.
-fn stop_now(rank: usize, error: &CommError, server: Option<&StoreServer>) {
+fn stop_now(rank: usize, error: &CommError, server: Option<&StoreServer>, own: &[SocketAddr]) {
     if crate::failure_record::reported() {
         return;
     }
     let code = crate::failure_record::report_failure(rank, error);
     crate::backend::cpu::remove_own_segments();
     if let Some(server) = server {
-        // This rank's own two connections (requests and the watcher) stay open till the exit.
-        server.wait_until_at_most(2, LINGER);
+        server.wait_until_only(own, LINGER);
     }
     crate::failure_record::exit_now(code);
 }

@@ -494,3 +494,24 @@ fn a_store_dropped_in_order_leaves_without_ending_the_job() {
     // A rank of the job that comes later still joins.
     join(&server, 2, 3, None);
 }
+
+/// Rank 0 lingers until the other ranks' connections are gone, however many of its own are
+/// still open: a rank that stops has its request socket shut and its watcher's closed, and the
+/// others' two connections must not pass for its own (a survivor then lost the store before it
+/// read why the job ended).
+#[test]
+fn rank_zero_waits_for_the_others_not_for_a_count() {
+    let server = job_server(2, None);
+    let zero = join(&server, 0, 2, None);
+    let own = zero.own_addrs();
+    assert_eq!(own.len(), 2, "requests and watcher: {own:?}");
+    let one = join(&server, 1, 2, None);
+    // Rank 0's own connections close; rank 1's two stay open.
+    drop(zero);
+    assert!(
+        !server.wait_until_only(&own, Duration::from_millis(300)),
+        "rank 1 is still connected"
+    );
+    drop(one);
+    assert!(server.wait_until_only(&own, Duration::from_secs(5)));
+}

@@ -73,6 +73,8 @@ impl StoreLimits {
 #[derive(Default)]
 struct Stats {
     open_connections: usize,
+    /// The other end of each open connection.
+    peers: Vec<SocketAddr>,
     stored_bytes: usize,
     /// Keys some connection waits for.
     awaited_keys: usize,
@@ -231,7 +233,22 @@ impl StoreServer {
         self.wait_until_at_most(0, timeout)
     }
 
-    /// Waits until at most `open` connections remain (rank 0's own, say); false at the timeout.
+    /// Waits until no connection is open but those from `own` (this process's own client
+    /// sockets: rank 0's, whichever of them are still open); false at the timeout. Counting
+    /// them instead would be wrong: a rank that stops shuts its request socket and its watcher's
+    /// closes, and the others' connections would then pass for its own.
+    pub fn wait_until_only(&self, own: &[SocketAddr], timeout: Duration) -> bool {
+        let others = |s: &Stats| s.peers.iter().any(|p| !own.contains(p));
+        let stats = self.shared.stats.lock().unwrap();
+        let (stats, _) = self
+            .shared
+            .changed
+            .wait_timeout_while(stats, timeout, |s| others(s))
+            .unwrap();
+        !others(&stats)
+    }
+
+    /// Waits until at most `open` connections remain; false at the timeout.
     pub fn wait_until_at_most(&self, open: usize, timeout: Duration) -> bool {
         let stats = self.shared.stats.lock().unwrap();
         let (stats, _) = self
@@ -728,6 +745,7 @@ impl Server {
         let mut stats = self.shared.stats.lock().unwrap();
         let before = stats.open_connections;
         stats.open_connections = self.connections.len();
+        stats.peers = self.connections.values().map(|c| c.peer).collect();
         stats.stored_bytes = self.stored_bytes;
         stats.awaited_keys = self.waiters.len();
         if stats.open_connections < before {

@@ -114,6 +114,13 @@ impl Store {
         self.client.local_addr()
     }
 
+    /// This end of both of this rank's connections to the store: its requests' and its
+    /// watcher's (what rank 0's server counts as its own while it lingers).
+    pub fn own_addrs(&self) -> Vec<SocketAddr> {
+        let watcher = self.watcher.as_ref().and_then(Watcher::local_addr);
+        std::iter::once(self.local_addr()).chain(watcher).collect()
+    }
+
     /// The local address of this connection: an address of this host that the master can reach,
     /// so peers on other nodes likely can too.
     pub fn local_ip(&self) -> std::net::IpAddr {

@@ -31,6 +31,11 @@ pub(super) struct Watcher {
 }
 
 impl Watcher {
+    /// This end of the watcher's connection.
+    pub(super) fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.stream.local_addr().ok()
+    }
+
     /// Starts the watcher on `conn`, its own connection: a WAIT for the abort key that only the
     /// job's end or the store's loss answers. It ends `client`'s requests when either comes.
     pub(super) fn start(client: &Client, mut conn: Conn) -> std::io::Result<Watcher> {
