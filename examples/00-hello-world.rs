@@ -15,23 +15,21 @@
 //! 4. Device: one rank per GPU, `cuda:{local_rank % gpus}`; on the CPU backend, `cpu:{rank}`.
 
 use clap::Parser;
-use comm_core::{LaunchArgs, MasterArgs};
+use comm_core::LaunchArgs;
 
 #[derive(Parser)]
 #[command(about = "Every rank says hello: rank, world size, local rank, device and backend")]
 struct Args {
     #[command(flatten)]
     launch: LaunchArgs,
-    /// Where rank 0 serves the rendezvous store: --master-addr, --master-port.
-    #[command(flatten)]
-    master: MasterArgs,
 }
 
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let settings = args.launch.settings(&args.master, &[]);
-    let code = comm_core::run(&settings, |comm| {
+    // Start the ranks (or be one), with the flags' settings; no collective runs here, so
+    // --algo has nothing to choose for.
+    comm_core::run(&args.launch, &[], |comm| {
         // `comm` is ready: the rendezvous is done and every rank is connected.
         println!(
             "Hello from rank {} of {} (local rank {}) on {} with the {} backend",
@@ -42,7 +40,6 @@ fn main() -> std::process::ExitCode {
             comm.backend()
         );
         Ok(())
-    });
-    comm_core::launch::exit_code(code)
+    })
 }
 // ANCHOR_END: main

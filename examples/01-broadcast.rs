@@ -8,16 +8,13 @@
 //! (NVLink, PCIe or InfiniBand); the CPU backend sends it along a tree or a pipelined chain.
 
 use clap::Parser;
-use comm_core::{Collective, LaunchArgs, MasterArgs};
+use comm_core::{Collective, LaunchArgs};
 
 #[derive(Parser)]
 #[command(about = "Broadcast rank 0's buffer to every rank and show the grids")]
 struct Args {
     #[command(flatten)]
     launch: LaunchArgs,
-    /// Where rank 0 serves the rendezvous store: --master-addr, --master-port.
-    #[command(flatten)]
-    master: MasterArgs,
     /// Elements per buffer.
     #[arg(long, default_value_t = 4)]
     len: usize,
@@ -26,8 +23,9 @@ struct Args {
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let settings = args.launch.settings(&args.master, &[Collective::Broadcast]);
-    let code = comm_core::run(&settings, |comm| {
+    // Start the ranks (or be one), with the flags' settings; the one collective named here
+    // is what --algo may choose an algorithm for.
+    comm_core::run(&args.launch, &[Collective::Broadcast], |comm| {
         println!("Rank {} using device: {}", comm.rank(), comm.device());
 
         // The root holds the data; everyone else starts empty.
@@ -39,7 +37,6 @@ fn main() -> std::process::ExitCode {
         comm.broadcast(&mut buf, 0)?;
         comm.print_grid("After broadcast:", &buf)?;
         Ok(())
-    });
-    comm_core::launch::exit_code(code)
+    })
 }
 // ANCHOR_END: main

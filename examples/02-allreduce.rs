@@ -9,16 +9,13 @@
 //! all-gather (every block travels once around the ring); NCCL does the same on the GPUs.
 
 use clap::Parser;
-use comm_core::{Collective, LaunchArgs, MasterArgs, ReduceOp};
+use comm_core::{Collective, LaunchArgs, ReduceOp};
 
 #[derive(Parser)]
 #[command(about = "Sum every rank's buffer with all_reduce and show the grids")]
 struct Args {
     #[command(flatten)]
     launch: LaunchArgs,
-    /// Where rank 0 serves the rendezvous store: --master-addr, --master-port.
-    #[command(flatten)]
-    master: MasterArgs,
     /// Elements per buffer.
     #[arg(long, default_value_t = 4)]
     len: usize,
@@ -27,8 +24,9 @@ struct Args {
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let settings = args.launch.settings(&args.master, &[Collective::AllReduce]);
-    let code = comm_core::run(&settings, |comm| {
+    // Start the ranks (or be one), with the flags' settings; the one collective named here
+    // is what --algo may choose an algorithm for.
+    comm_core::run(&args.launch, &[Collective::AllReduce], |comm| {
         println!("Rank {} using device: {}", comm.rank(), comm.device());
 
         let mut buf = comm.filled(1.0f32, args.len)?;
@@ -38,7 +36,6 @@ fn main() -> std::process::ExitCode {
         comm.all_reduce(&mut buf, ReduceOp::Sum)?;
         comm.print_grid("After reduce:", &buf)?;
         Ok(())
-    });
-    comm_core::launch::exit_code(code)
+    })
 }
 // ANCHOR_END: main

@@ -16,7 +16,7 @@
 use clap::Parser;
 use comm_core::launch::announced;
 use comm_core::timing::{busbw, time_iterations};
-use comm_core::{BackendChoice, Collective, Communicator, LaunchArgs, MasterArgs, ReduceOp};
+use comm_core::{BackendChoice, Collective, Communicator, LaunchArgs, ReduceOp};
 use comm_core::{Result, Topology};
 
 #[derive(Parser)]
@@ -38,13 +38,10 @@ struct Args {
     /// Start this process as one rank by hand (the course's flags): the number of ranks...
     #[arg(long, visible_alias = "world_size", requires = "rank")]
     world_size: Option<usize>,
-    /// ...and this one's.
+    /// ...and this one's. By hand, rank 0 serves the store at --master-addr (127.0.0.1 unless
+    /// given) and --master-port (the course's 29502 unless given).
     #[arg(long, requires = "world_size")]
     rank: Option<usize>,
-    /// Where rank 0 serves the rendezvous store: --master-addr (by hand: 127.0.0.1 unless
-    /// given) and --master-port (by hand: the course's 29502 unless given).
-    #[command(flatten)]
-    master: MasterArgs,
 }
 
 /// One half's median seconds, and the bytes each all-reduce of it reduced.
@@ -107,8 +104,13 @@ fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let by_hand = match (args.rank, args.world_size) {
         (Some(rank), Some(world)) => {
-            let addr = args.master.master_addr.as_deref().unwrap_or("127.0.0.1");
-            let port = args.master.master_port.unwrap_or(29502);
+            let addr = args
+                .launch
+                .job
+                .master_addr
+                .as_deref()
+                .unwrap_or("127.0.0.1");
+            let port = args.launch.job.master_port.unwrap_or(29502);
             match Topology::by_hand(rank, world, addr, port) {
                 Ok(t) => Some(t),
                 Err(e) => {
@@ -119,12 +121,11 @@ fn main() -> std::process::ExitCode {
         }
         _ => None,
     };
-    let settings = args.launch.settings(&args.master, &[Collective::AllReduce]);
     // ANCHOR: job
     // One job, two communicators over the same ranks and store (built in the same order on every
     // rank): the CPU one unless --backend nccl, then NCCL unless --backend cpu.
-    let code = comm_core::launch::run_job(&settings, by_hand, |job| {
-        let choice = settings.backend;
+    comm_core::launch::run_job(&args.launch, &[Collective::AllReduce], by_hand, |job| {
+        let choice = args.launch.backend;
         let cpu = match choice {
             BackendChoice::Nccl => None,
             _ => Some(announced(job.communicator(BackendChoice::Cpu)?)),
@@ -165,7 +166,6 @@ fn main() -> std::process::ExitCode {
             cpu.close()?;
         }
         Ok(())
-    });
+    })
     // ANCHOR_END: job
-    comm_core::launch::exit_code(code)
 }

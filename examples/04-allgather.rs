@@ -9,16 +9,13 @@
 //! steps every block goes once around it (`--steps` shows each); NCCL does the same on the GPUs.
 
 use clap::Parser;
-use comm_core::{Collective, LaunchArgs, MasterArgs};
+use comm_core::{Collective, LaunchArgs};
 
 #[derive(Parser)]
 #[command(about = "Gather every rank's block on every rank with all_gather and show the grids")]
 struct Args {
     #[command(flatten)]
     launch: LaunchArgs,
-    /// Where rank 0 serves the rendezvous store: --master-addr, --master-port.
-    #[command(flatten)]
-    master: MasterArgs,
     /// Elements in each rank's block.
     #[arg(long, default_value_t = 2)]
     len: usize,
@@ -27,8 +24,9 @@ struct Args {
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let settings = args.launch.settings(&args.master, &[Collective::AllGather]);
-    let code = comm_core::run(&settings, |comm| {
+    // Start the ranks (or be one), with the flags' settings; the one collective named here
+    // is what --algo may choose an algorithm for.
+    comm_core::run(&args.launch, &[Collective::AllGather], |comm| {
         println!("Rank {} using device: {}", comm.rank(), comm.device());
 
         // This rank's block, and room for everyone's.
@@ -40,7 +38,6 @@ fn main() -> std::process::ExitCode {
         comm.all_gather_into(&mine, &mut all)?;
         comm.print_grid("After all-gather:", &all)?;
         Ok(())
-    });
-    comm_core::launch::exit_code(code)
+    })
 }
 // ANCHOR_END: main

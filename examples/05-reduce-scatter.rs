@@ -10,16 +10,13 @@
 //! contribution (`--steps` shows the partial sums grow); NCCL does the same on the GPUs.
 
 use clap::Parser;
-use comm_core::{Collective, LaunchArgs, MasterArgs, ReduceOp};
+use comm_core::{Collective, LaunchArgs, ReduceOp};
 
 #[derive(Parser)]
 #[command(about = "Sum every rank's buffer and scatter its blocks with reduce_scatter")]
 struct Args {
     #[command(flatten)]
     launch: LaunchArgs,
-    /// Where rank 0 serves the rendezvous store: --master-addr, --master-port.
-    #[command(flatten)]
-    master: MasterArgs,
     /// Elements in each rank's block of the result.
     #[arg(long, default_value_t = 2)]
     len: usize,
@@ -28,10 +25,9 @@ struct Args {
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let settings = args
-        .launch
-        .settings(&args.master, &[Collective::ReduceScatter]);
-    let code = comm_core::run(&settings, |comm| {
+    // Start the ranks (or be one), with the flags' settings; the one collective named here
+    // is what --algo may choose an algorithm for.
+    comm_core::run(&args.launch, &[Collective::ReduceScatter], |comm| {
         println!("Rank {} using device: {}", comm.rank(), comm.device());
 
         // n blocks on every rank: 1, 2, 3, ... so each block is told apart.
@@ -46,7 +42,6 @@ fn main() -> std::process::ExitCode {
         comm.reduce_scatter_into(&all, &mut mine, ReduceOp::Sum)?;
         comm.print_grid("After reduce-scatter (block r on rank r):", &mine)?;
         Ok(())
-    });
-    comm_core::launch::exit_code(code)
+    })
 }
 // ANCHOR_END: main

@@ -10,7 +10,7 @@
 //! last layer first, each all-reduced as soon as backward has filled it while backward goes on.
 
 use clap::Parser;
-use comm_core::{launch, Collective, LaunchArgs, MasterArgs};
+use comm_core::{launch, Collective, LaunchArgs};
 use training::{Config, Ddp, Shape};
 
 #[derive(Parser)]
@@ -18,9 +18,6 @@ use training::{Config, Ddp, Shape};
 struct Args {
     #[command(flatten)]
     launch: LaunchArgs,
-    /// Where rank 0 serves the rendezvous store: --master-addr, --master-port.
-    #[command(flatten)]
-    master: MasterArgs,
     /// Training steps.
     #[arg(long, default_value_t = 200)]
     iters: usize,
@@ -60,13 +57,15 @@ struct Args {
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let runs = [Collective::Broadcast, Collective::AllReduce];
-    let settings = args.launch.settings(&args.master, &runs);
-    let config = config(&args).unwrap_or_else(|e| {
-        eprintln!("error: {e}");
-        std::process::exit(2) // refused before any rank starts
-    });
-    let code = launch::run_job(&settings, None, |job| {
-        let comm = launch::announced(job.communicator(settings.backend)?);
+    let config = match config(&args) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::from(2); // refused before any rank starts
+        }
+    };
+    launch::run_job(&args.launch, &runs, None, |job| {
+        let comm = launch::announced(job.communicator(args.launch.backend)?);
         let rank = comm.rank();
         let mut ddp = Ddp::new(comm, &config)?; // rank 0's weights everywhere
         if rank == 0 {
@@ -88,8 +87,7 @@ fn main() -> std::process::ExitCode {
             100.0 * wait
         );
         comm.close()
-    });
-    launch::exit_code(code)
+    })
 }
 // ANCHOR_END: main
 

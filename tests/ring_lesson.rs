@@ -7,7 +7,7 @@
 
 use std::process::Command;
 
-use comm_core::launch::run;
+use comm_core::launch::run_settings;
 use comm_core::ring_lesson::ring_all_reduce;
 use comm_core::Settings;
 use comm_core::{BackendChoice, CommError, ReduceOp};
@@ -30,7 +30,7 @@ fn as_job(ranks: usize) -> i32 {
         timeout: std::time::Duration::from_secs(60),
         ..Settings::default()
     };
-    run(&settings, |comm| {
+    run_settings(&settings, |comm| {
         LENS.iter().try_for_each(|&len| {
             let mut lesson = input(comm.rank(), len);
             ring_all_reduce(comm, &mut lesson)?;

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use comm_core::backend::cpu::TransportChoice;
-use comm_core::BackendChoice;
+use comm_core::settings::backend_choices;
+use comm_core::{BackendChoice, JobArgs};
 
 use crate::units::parse_bytes;
 
@@ -99,7 +99,7 @@ pub enum Command {
     /// Predicts nccl-tests' table for a described cluster from NCCL's own cost model (tuning.cc
     /// of NCCL v2.21.5), with the algorithm and protocol NCCL would choose; `--calibrate` fits it
     /// to a real sweep, `--csv` and `--plot` put it beside measurements.
-    Predict(crate::predict::PredictArgs),
+    Predict(Box<crate::predict::PredictArgs>),
     /// Fits Hockney's latency-bandwidth model (t = steps x alpha + bytes / B, B from cache below a
     /// knee and from memory above it) to result files, through each algorithm's steps: per series
     /// alpha, B, the half-peak size, the error and what the fit shows in words; --table adds each
@@ -179,27 +179,20 @@ pub enum Placements {
     InPlace,
 }
 
+/// The sizes of a sweep and where its rows go, as nccl-tests takes them: a benchmark run and
+/// `comm-bench predict` share them (each with its own defaults, [`crate::plan::SweepDefaults`]).
 #[derive(Debug, Clone, Args)]
-pub struct BenchArgs {
-    /// Run one of the course's measurements (explicit flags still override its values).
-    #[arg(long, value_enum)]
-    pub preset: Option<Preset>,
-
-    /// Collectives to time, comma-separated, or "all": nccl-tests' names, listed under BUS
-    /// FACTORS below (all_reduce, all_gather, alltoall, gather, ...) [default: all_reduce].
-    #[arg(long, value_delimiter = ',', value_name = "LIST")]
-    pub collectives: Option<Vec<String>>,
-
+pub struct SweepArgs {
     /// Smallest size in bytes: K, M, G are x1024 as in nccl-tests (1M = 1048576); KB, MB, GB are
-    /// x1000 as the course writes sizes (100MB = 100000000) [default: 1K].
+    /// x1000 as the course writes sizes (100MB = 100000000) [default: 1K; predict: 8].
     #[arg(short = 'b', long = "minbytes", value_parser = parse_bytes, value_name = "SIZE")]
     pub min_bytes: Option<u64>,
 
-    /// Largest size in bytes (same suffixes) [default: 64M].
+    /// Largest size in bytes (same suffixes) [default: 64M; predict: 8G].
     #[arg(short = 'e', long = "maxbytes", value_parser = parse_bytes, value_name = "SIZE")]
     pub max_bytes: Option<u64>,
 
-    /// Multiply the size by this factor from one step to the next [default: 4].
+    /// Multiply the size by this factor from one step to the next [default: 4; predict: 2].
     #[arg(
         short = 'f',
         long = "stepfactor",
@@ -211,6 +204,28 @@ pub struct BenchArgs {
     /// Add this many bytes from one step to the next, instead of -f.
     #[arg(short = 'i', long = "stepbytes", value_parser = parse_bytes, value_name = "SIZE")]
     pub step_bytes: Option<u64>,
+
+    /// Also write the rows as CSV: one per backend, collective, world size, size, type,
+    /// reduction and placement: the table's time (time_us) and the median, min and max over
+    /// iterations (time_us_median, …), with the machine, backend and versions (predictions:
+    /// backend "model:nccl-…").
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Run one of the course's measurements (explicit flags still override its values).
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
+
+    /// Collectives to time, comma-separated, or "all": nccl-tests' names, listed under BUS
+    /// FACTORS below (all_reduce, all_gather, alltoall, gather, ...) [default: all_reduce].
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub collectives: Option<Vec<String>>,
+
+    #[command(flatten)]
+    pub sweep: SweepArgs,
 
     /// Timed iterations per size and placement [default: 20].
     #[arg(short = 'n', long = "iters", value_name = "N")]
@@ -269,23 +284,17 @@ pub struct BenchArgs {
 
     /// Backends, comma-separated: auto (NCCL where a GPU and libnccl are usable, else the CPU),
     /// cpu, nccl. Each is measured in turn [default: auto].
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
+    #[arg(long, value_parser = backend_choices(), value_delimiter = ',', value_name = "LIST")]
     pub backend: Option<Vec<BackendChoice>>,
 
     /// Numbers of ranks to start on this machine, comma-separated, one run each
-    /// [default: one per GPU on NCCL; on the CPU min(4, cores), at least 2].
+    /// [default: one per GPU, or 4 on the CPU backend].
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub world_sizes: Option<Vec<usize>>,
 
     /// Out-of-place, in-place or both (nccl-tests times both) [default: both].
     #[arg(long, value_enum, value_name = "WHICH")]
     pub placement: Option<Placements>,
-
-    /// Also write the results as CSV: one row per backend, collective, world size, size, type,
-    /// reduction and placement: the table's time (time_us) and the median, min and max over
-    /// iterations (time_us_median, …), with the machine, backend and versions.
-    #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
 
     /// Also write the same rows as a JSON array.
     #[arg(long, value_name = "FILE")]
@@ -297,31 +306,10 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DIR")]
     pub out_dir: Option<PathBuf>,
 
-    /// How the CPU backend's ranks move bytes: shared memory within a host and TCP between hosts
-    /// (auto), or one of them for every pair (tcp is what Gloo does). The header names it.
-    #[arg(long, value_enum, default_value_t = TransportChoice::Auto)]
-    pub transport: TransportChoice,
-
-    /// How the CPU backend's ranks of one host move large messages: one copy (single: the
-    /// receiver reads the sender's buffer, cross-memory attach) or two (ring: through shared
-    /// memory); auto where it was measured to win, and every pair can.
-    #[arg(long, value_enum, default_value_t = comm_core::backend::cpu::CopyChoice::Auto)]
-    pub copy: comm_core::backend::cpu::CopyChoice,
-
-    /// The CPU backend's algorithm, where a collective has one of that name (all_reduce: ring or
-    /// direct; broadcast: tree or chain), as NCCL_ALGO chooses NCCL's; the header names it
-    /// [default: by size].
-    #[arg(long, value_enum, value_name = "NAME")]
-    pub algo: Option<comm_core::backend::cpu::Algo>,
-
-    /// Record what every rank does into FILE, a Chrome trace (ui.perfetto.dev opens it;
-    /// `comm-bench timeline FILE` draws it): one job, so one --world-sizes value.
-    #[arg(long, value_name = "FILE")]
-    pub trace: Option<PathBuf>,
-
-    /// Seconds any wait may take (rendezvous, a collective) before the run fails.
-    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
-    pub timeout: f64,
+    /// The job flags every program shares: --transport, --copy, --timeout, --algo, --trace,
+    /// --master-addr, --master-port.
+    #[command(flatten)]
+    pub job: JobArgs,
 
     /// Test hook: after each checked collective, add 1 to one element of one rank's result, so
     /// the check must count it and the exit code be non-zero.
@@ -333,6 +321,6 @@ pub struct BenchArgs {
     pub child_events: Option<PathBuf>,
 
     /// Internal: the one backend a rank started by comm-bench measures.
-    #[arg(long, hide = true, value_enum)]
+    #[arg(long, hide = true, value_parser = backend_choices())]
     pub child_backend: Option<BackendChoice>,
 }

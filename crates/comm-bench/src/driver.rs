@@ -10,14 +10,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use clap::ValueEnum;
 use comm_core::backend::cpu;
-use comm_core::backend::{self, BackendKind, Selection};
-use comm_core::launch::DEFAULT_CPU_RANKS;
-use comm_core::settings::{self, Settings};
-use comm_core::spawn::{self, Outcome, SpawnPlan};
+use comm_core::backend::{self, BackendKind};
+use comm_core::launch::{self, Role};
+use comm_core::spawn::Outcome;
 use comm_core::timing::Loop;
-use comm_core::{BackendChoice, Collective, Communicator, Device, ReduceOp, Topology};
+use comm_core::{
+    BackendChoice, Collective, Communicator, Device, Named, ReduceOp, Settings, Topology,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
@@ -145,57 +145,26 @@ impl Sink {
 
 /// The entry point of a benchmark run (not `report`). Returns the exit code.
 pub fn run(args: &BenchArgs) -> i32 {
-    let plan = match Plan::resolve(args) {
-        Ok(plan) => plan,
-        Err(e) => {
+    let plan = Plan::resolve(args).map_err(|e| (e.to_string(), 2));
+    // The job flags become settings as every example's do: one constructor, comm-core's.
+    let settings = plan.and_then(|plan| {
+        let settings = args.job.settings(&plan.collectives);
+        settings
+            .map(|s| (plan, s))
+            .map_err(|e| (e.to_string(), e.exit_code()))
+    });
+    let role = settings.and_then(|(plan, settings)| {
+        launch::role(&settings, None)
+            .map(|role| (plan, settings, role))
+            .map_err(|e| (e.to_string(), e.exit_code()))
+    });
+    match role {
+        Err((e, code)) => {
             eprintln!("comm-bench: error: {e}");
-            return 2;
+            code
         }
-    };
-    let settings = match job_settings(args, &plan) {
-        Ok(settings) => settings,
-        Err(e) => {
-            eprintln!("comm-bench: error: {e}");
-            return 2;
-        }
-    };
-    match Topology::from_env() {
-        Err(e) => {
-            eprintln!("comm-bench: error: {e}");
-            2
-        }
-        Ok(Some(topology)) => rank_main(args, &plan, &settings, topology),
-        Ok(None) => parent_main(args, &plan),
-    }
-}
-
-/// The ranks' job settings from the measuring flags, checked in the parent and in each rank as
-/// the examples check theirs (comm-bench's own -n is --iters, so it has no `LaunchArgs`).
-fn job_settings(args: &BenchArgs, plan: &Plan) -> comm_core::Result<Settings> {
-    Ok(Settings {
-        transport: args.transport,
-        copy: args.copy,
-        timeout: settings::timeout_flag(args.timeout)?,
-        algo: settings::algo_flag(args.algo, &plan.collectives)?,
-        trace: args.trace.clone(),
-        ..Settings::default()
-    })
-}
-
-fn choice_name(choice: BackendChoice) -> String {
-    choice
-        .to_possible_value()
-        .map_or("auto".into(), |v| v.get_name().to_string())
-}
-
-/// Ranks per world size when --world-sizes is not given.
-pub fn default_world_size(selection: &Selection) -> usize {
-    match selection.kind {
-        BackendKind::Nccl => selection.gpus.max(1),
-        BackendKind::Cpu => {
-            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-            cores.clamp(2, DEFAULT_CPU_RANKS.max(2))
-        }
+        Ok((plan, settings, Role::Rank(topology))) => rank_main(args, &plan, &settings, topology),
+        Ok((plan, settings, Role::Parent)) => parent_main(args, &plan, &settings),
     }
 }
 
@@ -206,8 +175,9 @@ struct RanksJob {
     world_size: usize,
 }
 
-/// The parent: one spawn per (backend, world size); tables printed from the ranks' reports.
-fn parent_main(args: &BenchArgs, plan: &Plan) -> i32 {
+/// The parent: one launch of ranks per (backend, world size); tables printed from the ranks'
+/// reports.
+fn parent_main(args: &BenchArgs, plan: &Plan, settings: &Settings) -> i32 {
     let jobs = match jobs(plan) {
         Ok(jobs) => jobs,
         Err(e) => {
@@ -224,7 +194,7 @@ fn parent_main(args: &BenchArgs, plan: &Plan) -> i32 {
     };
     let mut printer = Printer::new(plan, jobs.len() * plan.cases());
     let mut code = 0;
-    if let Err(e) = run_jobs(&jobs, &dir, &mut printer) {
+    if let Err(e) = run_jobs(&jobs, settings, &dir, &mut printer) {
         printer
             .progress
             .suspend(|| eprintln!("comm-bench: error: {e}"));
@@ -251,7 +221,7 @@ fn jobs(plan: &Plan) -> Result<Vec<RanksJob>, BenchError> {
         let selection = match backend::select(choice) {
             Ok(s) => s,
             Err(e) if plan.backends.len() > 1 => {
-                notes.push(format!("skipping --backend {}: {e}", choice_name(choice)));
+                notes.push(format!("skipping --backend {}: {e}", choice.name()));
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -259,7 +229,7 @@ fn jobs(plan: &Plan) -> Result<Vec<RanksJob>, BenchError> {
         let sizes = plan
             .world_sizes
             .clone()
-            .unwrap_or_else(|| vec![default_world_size(&selection)]);
+            .unwrap_or_else(|| vec![launch::default_ranks(&selection)]);
         for ws in sizes {
             if selection.kind == BackendKind::Nccl && ws > selection.gpus {
                 notes.push(format!(
@@ -303,11 +273,21 @@ fn events_dir() -> Result<PathBuf, BenchError> {
 }
 
 /// Runs the jobs one after another, their events in `dir`; stops at the first that fails.
-fn run_jobs(jobs: &[RanksJob], dir: &Path, printer: &mut Printer) -> Result<(), BenchError> {
+fn run_jobs(
+    jobs: &[RanksJob],
+    settings: &Settings,
+    dir: &Path,
+    printer: &mut Printer,
+) -> Result<(), BenchError> {
     for job in jobs {
         let (kind, ws) = (job.kind, job.world_size);
         let events = dir.join(format!("{kind}-{ws}.jsonl"));
-        match spawn_job(job.choice, ws, &events, printer)? {
+        let settings = Settings {
+            ranks: Some(ws),
+            backend: job.choice,
+            ..settings.clone()
+        };
+        match launch_job(&settings, &events, printer)? {
             Outcome::Success => {}
             outcome => {
                 return Err(BenchError::RanksFailed {
@@ -346,7 +326,7 @@ fn write_outputs(args: &BenchArgs, rows: &[Row]) -> bool {
     let mut ok = true;
     for (path, write) in [
         (
-            &args.csv,
+            &args.sweep.csv,
             record::write_csv as fn(&Path, &[Row]) -> Result<(), BenchError>,
         ),
         (&args.json, record::write_json),
@@ -367,27 +347,23 @@ fn write_outputs(args: &BenchArgs, rows: &[Row]) -> bool {
     ok
 }
 
-/// Starts `ws` ranks measuring `choice`, printing what their rank 0 reports as it arrives.
-fn spawn_job(
-    choice: BackendChoice,
-    ws: usize,
+/// Starts `settings.ranks` ranks measuring `settings.backend` (through comm-core's launch, as
+/// every example starts its ranks), printing what their rank 0 reports as it arrives.
+fn launch_job(
+    settings: &Settings,
     events: &Path,
     printer: &mut Printer,
 ) -> comm_core::Result<Outcome> {
-    let program = std::env::current_exe()
-        .map_err(|e| comm_core::CommError::io("cannot find comm-bench to start its ranks", e))?;
-    let mut child_args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    child_args.extend([
+    let child_args: [std::ffi::OsString; 4] = [
         "--child-events".into(),
         events.as_os_str().to_owned(),
         "--child-backend".into(),
-        choice_name(choice).into(),
-    ]);
-    let plan = SpawnPlan::local(program, child_args, ws)?;
+        settings.backend.name().into(),
+    ];
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let follower = s.spawn(|| follow(events, &stop, printer));
-        let outcome = spawn::run(&plan);
+        let outcome = launch::start_ranks(settings, &child_args);
         stop.store(true, Ordering::SeqCst);
         let _ = follower.join();
         outcome
@@ -461,11 +437,11 @@ fn rank_main(args: &BenchArgs, plan: &Plan, settings: &Settings, topology: Topol
     };
     let nodes = (topology.world_size / topology.local_world_size.max(1)).max(1);
     let local_ranks = topology.local_world_size;
-    let code = comm_core::launch::rank_life(&settings, topology, |job| {
+    let code = launch::rank_life(&settings, topology, |job| {
         for (i, &choice) in backends.iter().enumerate() {
             // Every backend over the same ranks and store: the first must work, the others are
             // skipped where this machine cannot run them.
-            match job.communicator(choice).map(comm_core::launch::announced) {
+            match job.communicator(choice).map(launch::announced) {
                 Ok(comm) => {
                     measure_all(&comm, plan, nodes, local_ranks, &mut sink)?;
                     // Every rank is done with it: NCCL's clean end (a barrier, then finalize
@@ -474,10 +450,9 @@ fn rank_main(args: &BenchArgs, plan: &Plan, settings: &Settings, topology: Topol
                     comm.close()?;
                 }
                 Err(e) if i == 0 => return Err(e),
-                Err(e) if rank == 0 => eprintln!(
-                    "comm-bench: skipping --backend {}: {e}",
-                    choice_name(choice)
-                ),
+                Err(e) if rank == 0 => {
+                    eprintln!("comm-bench: skipping --backend {}: {e}", choice.name())
+                }
                 Err(_) => {}
             }
         }

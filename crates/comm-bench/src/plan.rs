@@ -3,7 +3,7 @@
 use comm_core::timing::{Average, Waiting};
 use comm_core::{BackendChoice, Collective, DType, ReduceOp};
 
-use crate::cli::{BenchArgs, Placements, Preset};
+use crate::cli::{BenchArgs, Placements, Preset, SweepArgs};
 use crate::error::BenchError;
 use crate::units::{sweep, Step};
 
@@ -131,17 +131,23 @@ fn tables(args: &BenchArgs, d: &Defaults) -> Result<Tables, BenchError> {
     })
 }
 
-/// -b, -e and -f or -i as the sizes of the sweep.
-fn sizes(args: &BenchArgs, d: &Defaults) -> Result<Vec<u64>, BenchError> {
-    let min = args.min_bytes.or(d.min).unwrap_or(1 << 10);
+/// What a sweep measures where -b, -e and -f are silent.
+#[derive(Debug, Clone, Copy)]
+pub struct SweepDefaults {
+    pub min: u64,
+    pub max: u64,
+    pub factor: u64,
+}
+
+/// -b, -e and -f or -i as the sizes of the sweep, `d` where they are silent.
+pub fn sizes(args: &SweepArgs, d: SweepDefaults) -> Result<Vec<u64>, BenchError> {
+    let min = args.min_bytes.unwrap_or(d.min);
     // Without -e, a -b above the default maximum measures that one size.
-    let max = args
-        .max_bytes
-        .unwrap_or_else(|| d.max.unwrap_or(64 << 20).max(min));
+    let max = args.max_bytes.unwrap_or(d.max.max(min));
     let step = match (args.step_bytes, args.step_factor) {
         (Some(i), _) => Step::Bytes(i),
         (None, Some(f)) => Step::Factor(f),
-        (None, None) => Step::Factor(d.factor.unwrap_or(4)),
+        (None, None) => Step::Factor(d.factor),
     };
     sweep(min, max, step)
 }
@@ -157,7 +163,7 @@ fn world_sizes(args: &BenchArgs, d: &Defaults) -> Result<Option<Vec<usize>>, Ben
         for &n in ws {
             comm_core::spawn::check_ranks("--world-sizes", n, 1)?;
         }
-        if ws.len() > 1 && args.trace.is_some() {
+        if ws.len() > 1 && args.job.trace.is_some() {
             return Err(BenchError::TraceOfSeveralJobs);
         }
     }
@@ -209,7 +215,14 @@ impl Plan {
             dtypes,
             ops,
         } = tables(args, &d)?;
-        let sizes = sizes(args, &d)?;
+        let sizes = sizes(
+            &args.sweep,
+            SweepDefaults {
+                min: d.min.unwrap_or(1 << 10),
+                max: d.max.unwrap_or(64 << 20),
+                factor: d.factor.unwrap_or(4),
+            },
+        )?;
         let placement = args.placement.or(d.placement).unwrap_or(Placements::Both);
         let backends = args
             .backend

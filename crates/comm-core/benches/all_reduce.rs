@@ -6,7 +6,7 @@
 //!
 //! Each iteration starts after a barrier; its time is the slowest rank's.
 
-use comm_core::launch::run;
+use comm_core::launch::run_settings;
 use comm_core::timing::{busbw, time_iterations};
 use comm_core::Collective;
 use comm_core::Settings;
@@ -27,7 +27,7 @@ fn main() {
         timeout: std::time::Duration::from_secs(120),
         ..Settings::default()
     };
-    let code = run(&settings, |comm| {
+    let code = run_settings(&settings, |comm| {
         let n = comm.world_size();
         if comm.rank() == 0 {
             println!(

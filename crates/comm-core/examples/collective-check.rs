@@ -8,7 +8,7 @@
 
 use clap::Parser;
 use comm_core::check::{all_collectives, Verdict};
-use comm_core::{Collective, CommError, Communicator, LaunchArgs, MasterArgs, ReduceOp};
+use comm_core::{Collective, CommError, Communicator, LaunchArgs, ReduceOp};
 
 #[derive(Parser)]
 #[command(about = "Check every collective against a sequential reference")]
@@ -31,10 +31,7 @@ fn checks(comm: &Communicator, len: usize) -> comm_core::Result<Vec<Verdict>> {
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     // Every collective of the table runs: --algo applies to those that have it.
-    let settings = args
-        .launch
-        .settings(&MasterArgs::default(), &Collective::ALL);
-    let code = comm_core::run(&settings, |comm| {
+    comm_core::run(&args.launch, &Collective::ALL, |comm| {
         let (mut passed, mut failed) = (0, 0);
         if comm.rank() == 0 {
             println!("{:<44} {:>9} {:>7}  result", "check", "len", "#wrong");
@@ -81,6 +78,5 @@ fn main() -> std::process::ExitCode {
             }
         }
         Ok(())
-    });
-    comm_core::launch::exit_code(code)
+    })
 }

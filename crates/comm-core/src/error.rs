@@ -333,6 +333,16 @@ pub fn rank_list(ranks: impl IntoIterator<Item = usize>) -> String {
 const STORE_RANK: usize = 0;
 
 impl CommError {
+    /// The exit code of a program this error stops before any rank starts: 2 for a usage error
+    /// (a flag or variable that cannot be obeyed, as clap and torchrun exit on a bad flag), 1
+    /// for anything else.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CommError::Usage(_) | CommError::Env { .. } => 2,
+            _ => 1,
+        }
+    }
+
     /// Wraps an I/O error with the place it happened.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         CommError::Io {

@@ -1,29 +1,70 @@
 //! A rank's life, one way for every program: [`run`] spawns the ranks when nobody else did, or,
 //! inside a rank, lives [`rank_life`]: rendezvous, the selection line, the body, then finish (or
 //! abort), with the [`Settings`] the flags decided. [`run`] hands the body one communicator;
-//! [`run_job`] hands it the [`Job`], to build several (example 03); comm-bench, which spawns its
-//! ranks itself, calls [`rank_life`] in each.
+//! [`run_job`] hands it the [`Job`], to build several (example 03). comm-bench, which starts one
+//! set of ranks per backend and world size, uses the same pieces: [`role`], [`start_ranks`] and
+//! [`rank_life`]. The library never ends the process: every entry returns the exit code.
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
-use crate::backend;
+use crate::backend::{self, Selection};
+use crate::collective::Collective;
 use crate::comm::Communicator;
 use crate::error::{CommError, Result};
 use crate::job::Job;
-use crate::settings::Settings;
+use crate::settings::{LaunchArgs, Settings};
 use crate::spawn::{self, Outcome, SpawnPlan};
 use crate::topology::Topology;
 
 /// Ranks started on a machine without GPUs when `-n` is not given.
 pub const DEFAULT_CPU_RANKS: usize = 4;
 
-/// Runs `body` on every rank with a ready communicator of `settings.backend`, and returns the
-/// process's exit code ([`exit_code`] makes it `main`'s).
+/// Ranks a program starts by itself when not told how many: one per GPU where NCCL runs, else
+/// [`DEFAULT_CPU_RANKS`]. The examples' `-n` and comm-bench's `--world-sizes` default to it.
+pub fn default_ranks(selection: &Selection) -> usize {
+    match selection.gpus {
+        0 => DEFAULT_CPU_RANKS,
+        gpus => gpus,
+    }
+}
+
+/// Runs `body` on every rank with a ready communicator of the `--backend` the flags chose, and
+/// returns `main`'s exit code. `runs` names the collectives the program runs, so that an
+/// `--algo` none of them has is refused before any rank starts.
 ///
 /// Started by a launcher (srun, torchrun, commrun), this process is one rank. Started plainly,
 /// it re-executes itself once per rank and waits for them.
-pub fn run(settings: &Settings, body: impl FnOnce(&Communicator) -> Result<()>) -> i32 {
-    run_job(settings, None, |job| {
+pub fn run(
+    flags: &LaunchArgs,
+    runs: &[Collective],
+    body: impl FnOnce(&Communicator) -> Result<()>,
+) -> ExitCode {
+    match flags.settings(runs) {
+        Ok(settings) => exit_code(run_settings(&settings, body)),
+        Err(e) => usage_error(&e),
+    }
+}
+
+/// Like [`run`], but hands the body the [`Job`], from which it builds its communicators
+/// (several backends over the same ranks, as example 03 does). `given` is a rank's place from
+/// flags (the course's `--rank` and `--world-size`) instead of the environment.
+pub fn run_job(
+    flags: &LaunchArgs,
+    runs: &[Collective],
+    given: Option<Topology>,
+    body: impl FnOnce(&Job) -> Result<()>,
+) -> ExitCode {
+    match flags.settings(runs) {
+        Ok(settings) => exit_code(run_job_settings(&settings, given, body)),
+        Err(e) => usage_error(&e),
+    }
+}
+
+/// [`run`] with settings made already (tests and benches build them by hand); returns the
+/// exit code.
+pub fn run_settings(settings: &Settings, body: impl FnOnce(&Communicator) -> Result<()>) -> i32 {
+    run_job_settings(settings, None, |job| {
         let comm = announced(job.communicator(settings.backend)?);
         body(&comm)?;
         // Every rank is done with it: NCCL's clean end (barrier, finalize, destroy).
@@ -31,30 +72,44 @@ pub fn run(settings: &Settings, body: impl FnOnce(&Communicator) -> Result<()>) 
     })
 }
 
-/// Like [`run`], but hands the body the [`Job`], from which it builds its communicators
-/// (several backends over the same ranks, as example 03 does). `given` is a rank's place from
-/// flags (the course's `--rank` and `--world-size`) instead of the environment.
-///
-/// First of all, in the parent that spawns ranks and in a rank alike, [`backend::prepare`]
-/// links pip's `libnccl.so.2` and restarts the program if it must: before any socket or rank
-/// exists, never in the middle of the job.
-pub fn run_job(
+/// [`run_job`] with settings made already; returns the exit code.
+pub fn run_job_settings(
     settings: &Settings,
     given: Option<Topology>,
     body: impl FnOnce(&Job) -> Result<()>,
 ) -> i32 {
-    // A failure here is not fatal (a CPU job runs on): `select` gives it as NCCL's reason.
-    let _ = backend::prepare();
-    let topology = given
-        .map_or_else(Topology::from_env, |t| Ok(Some(t)))
-        .and_then(|t| t.map(|t| settings.master.apply(t)).transpose());
-    match topology {
+    match role(settings, given) {
         Err(e) => {
             eprintln!("error: {e}");
-            2
+            e.exit_code()
         }
-        Ok(None) => spawn_ranks(settings),
-        Ok(Some(topology)) => rank_life(settings, topology, body),
+        Ok(Role::Parent) => spawn_ranks(settings),
+        Ok(Role::Rank(topology)) => rank_life(settings, topology, body),
+    }
+}
+
+/// What this process is in a launch.
+#[derive(Debug)]
+pub enum Role {
+    /// No launcher started it: it starts the ranks ([`start_ranks`]).
+    Parent,
+    /// One rank, at this place.
+    Rank(Topology),
+}
+
+/// Whether this process starts the ranks or is one, from the environment (or `given`, a place
+/// from flags), with `--master-addr`/`--master-port` applied.
+///
+/// First of all, in the parent that spawns ranks and in a rank alike, [`backend::prepare`]
+/// links pip's `libnccl.so.2` and restarts the program if it must: before any socket or rank
+/// exists, never in the middle of the job.
+pub fn role(settings: &Settings, given: Option<Topology>) -> Result<Role> {
+    // A failure here is not fatal (a CPU job runs on): `select` gives it as NCCL's reason.
+    let _ = backend::prepare();
+    let topology = given.map_or_else(Topology::from_env, |t| Ok(Some(t)))?;
+    match topology {
+        None => Ok(Role::Parent),
+        Some(t) => Ok(Role::Rank(settings.master.apply(t)?)),
     }
 }
 
@@ -140,40 +195,45 @@ pub fn end_on_closed_output() {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
 
-/// The parent's job: choose how many ranks, start them, report how they ended.
-fn spawn_ranks(settings: &Settings) -> i32 {
-    let plan = (|| -> Result<SpawnPlan> {
-        if let Some(n) = settings.ranks.filter(|&n| n > 0) {
-            // Before looking for GPUs: an absurd count is refused at once.
-            spawn::check_ranks("-n/--nproc-per-node", n, 1)?;
+/// The parent's job: starts `settings.ranks` ranks of this program (or [`default_ranks`]) on
+/// this machine, each given this process's arguments and then `extra_args`, and waits for them.
+/// Refused before any rank starts: a rank count of 0 or one too large, a backend that cannot
+/// run, a `--master-addr` not of this machine or a busy `--master-port`.
+pub fn start_ranks(settings: &Settings, extra_args: &[OsString]) -> Result<Outcome> {
+    if let Some(n) = settings.ranks.filter(|&n| n > 0) {
+        // Before looking for GPUs: an absurd count is refused at once.
+        spawn::check_ranks("-n/--nproc-per-node", n, 1)?;
+    }
+    let selection = backend::select(settings.backend)?;
+    let nproc = match settings.ranks {
+        Some(0) => {
+            return Err(CommError::Usage(
+                "--nproc-per-node 0: start at least one rank".into(),
+            ))
         }
-        let selection = backend::select(settings.backend)?;
-        let nproc = match settings.ranks {
-            Some(0) => {
-                return Err(CommError::Usage(
-                    "--nproc-per-node 0: start at least one rank".into(),
-                ))
-            }
-            Some(n) => n,
-            None if selection.gpus > 0 => selection.gpus,
-            None => DEFAULT_CPU_RANKS,
-        };
-        let program = std::env::current_exe()
-            .map_err(|e| CommError::io("cannot find this program to start its ranks", e))?;
-        let (master_addr, master_port) = settings.master.for_own_ranks()?;
-        let mut plan = SpawnPlan::local(program, std::env::args_os().skip(1).collect(), nproc)?;
-        plan.master_addr = master_addr;
-        plan.master_port = master_port.unwrap_or(plan.master_port);
-        Ok(plan)
-    })();
-    let plan = match plan {
-        Ok(plan) => plan,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 2;
-        }
+        Some(n) => n,
+        None => default_ranks(&selection),
     };
-    match spawn::run(&plan) {
+    let program = std::env::current_exe()
+        .map_err(|e| CommError::io("cannot find this program to start its ranks", e))?;
+    let (master_addr, master_port) = settings.master.for_own_ranks()?;
+    let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    args.extend(extra_args.iter().cloned());
+    let mut plan = SpawnPlan::local(program, args, nproc)?;
+    plan.master_addr = master_addr;
+    plan.master_port = master_port.unwrap_or(plan.master_port);
+    spawn::run(&plan)
+}
+
+/// A usage error found before any rank starts: said on stderr, exit code 2.
+fn usage_error(e: &CommError) -> ExitCode {
+    eprintln!("error: {e}");
+    exit_code(e.exit_code())
+}
+
+/// [`start_ranks`] for a program with nothing to add: says how the ranks ended.
+fn spawn_ranks(settings: &Settings) -> i32 {
+    match start_ranks(settings, &[]) {
         Ok(Outcome::Success) => 0,
         Ok(outcome @ Outcome::Failed(_)) => {
             if let Outcome::Failed(failure) = &outcome {
@@ -191,7 +251,7 @@ fn spawn_ranks(settings: &Settings) -> i32 {
         }
         Err(e) => {
             eprintln!("error: {e}");
-            1
+            e.exit_code()
         }
     }
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use comm_core::launch::run;
+use comm_core::launch::run_settings;
 use comm_core::Settings;
 use comm_core::{BackendChoice, ReduceOp};
 use test_support::process::{
@@ -31,7 +31,7 @@ fn as_rank(scenario: &str) -> ! {
         let dir = std::env::var("PID_DIR").unwrap();
         std::fs::write(Path::new(&dir).join(rank), std::process::id().to_string()).unwrap();
     }
-    let code = run(&settings, |comm| {
+    let code = run_settings(&settings, |comm| {
         match scenario {
             "exit-early" if comm.rank() == 1 => {
                 eprintln!("rank 1 is leaving on purpose");

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use comm_core::backend::cpu::{TcpTransport, Transport};
-use comm_core::launch::run;
+use comm_core::launch::run_settings;
 use comm_core::settings::{timeout_flag, MAX_TIMEOUT};
 use comm_core::store::{Store, StoreServer};
 use comm_core::Settings;
@@ -426,7 +426,7 @@ fn huge_timeout_job() -> ! {
         timeout: timeout_flag(1e19).unwrap(),
         ..Settings::default()
     };
-    let code = run(&settings, |comm| {
+    let code = run_settings(&settings, |comm| {
         let mut buf = comm.buffer(&[1.0f32; 8])?;
         comm.all_reduce(&mut buf, ReduceOp::Sum)?;
         assert_eq!(comm.to_host(&buf)?, [2.0; 8]);

@@ -7,7 +7,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use comm_core::launch::run;
+use comm_core::launch::run_settings;
 use comm_core::spawn::{self, Outcome, SpawnPlan};
 use comm_core::store::{Store, StoreServer};
 use comm_core::Settings;
@@ -78,7 +78,7 @@ fn as_rank() -> ! {
         timeout: Duration::from_secs(20),
         ..Settings::default()
     };
-    let code = run(&settings, |comm| {
+    let code = run_settings(&settings, |comm| {
         if comm.rank() == 1 {
             std::thread::sleep(Duration::from_millis(200));
             return Err(CommError::Usage("rank 1 fails on purpose".into()));

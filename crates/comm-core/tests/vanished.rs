@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use comm_core::launch::run_job;
+use comm_core::launch::run_job_settings;
 use comm_core::Settings;
 use comm_core::{BackendChoice, ReduceOp};
 use test_support::process::{assert_all_gone, scratch, start, wait_for_pids_in, Plainly, Running};
@@ -34,7 +34,7 @@ fn as_rank(scenario: &str) -> ! {
         let file = Path::new(&dir).join(format!("{point}-{rank}"));
         std::fs::write(file, std::process::id().to_string()).unwrap();
     };
-    let code = run_job(&settings, None, |job| {
+    let code = run_job_settings(&settings, None, |job| {
         let rank = job.topology().rank;
         mark("joined", rank);
         let comm = job.communicator(BackendChoice::Cpu)?;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use comm_core::launch;
-use comm_core::{LaunchArgs, MasterArgs};
+use comm_core::LaunchArgs;
 use test_support::build::example;
 use test_support::grid::Grid;
 use test_support::process::{
@@ -523,8 +523,8 @@ fn as_worker(scenario: &str) -> ! {
     }
     let timeout = std::env::var("JOB_TIMEOUT").unwrap();
     let args = Args::parse_from(["worker", "--backend", "cpu", "--timeout", &timeout]);
-    let settings = args.launch.settings(&MasterArgs::default(), &[]);
-    let code = launch::run(&settings, |comm| {
+    let settings = args.launch.settings(&[]).unwrap();
+    let code = launch::run_settings(&settings, |comm| {
         let dir = std::env::var("PID_DIR").unwrap();
         let path = Path::new(&dir).join(comm.rank().to_string());
         std::fs::write(path.with_extension("tmp"), std::process::id().to_string()).unwrap();

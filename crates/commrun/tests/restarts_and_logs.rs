@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use comm_core::launch;
-use comm_core::{LaunchArgs, MasterArgs};
+use comm_core::LaunchArgs;
 use test_support::process::{assert_all_gone, scratch, start, wait_for_pid_files};
 
 mod common;
@@ -147,8 +147,8 @@ fn as_worker() -> ! {
     }
     let args = Args::parse_from(["worker", "--backend", "cpu", "--timeout", "60"]);
     let start = std::env::var("TORCHELASTIC_RESTART_COUNT").unwrap();
-    let settings = args.launch.settings(&MasterArgs::default(), &[]);
-    let code = launch::run(&settings, |comm| {
+    let settings = args.launch.settings(&[]).unwrap();
+    let code = launch::run_settings(&settings, |comm| {
         println!("rank {} met the others on start {start}", comm.rank());
         // Every rank has said so before rank 1 leaves: a rank that vanishes ends the others at
         // once, wherever they are.

@@ -6,7 +6,7 @@
 
 use comm_core::backend::cpu::{chosen, Algo, CHAIN_SEGMENT_BYTES};
 use comm_core::collective::Span;
-use comm_core::Collective;
+use comm_core::{Collective, Named};
 
 /// The collectives this model has no step structure for (yet). `comm-bench model` names them when
 /// it skips a series of one; a test holds every collective of the table either here or modelled.

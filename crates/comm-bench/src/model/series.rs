@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use comm_core::backend::cpu::Algo;
-use comm_core::Collective;
+use comm_core::{Collective, Named};
 
 use super::fit::{fit, Fit, Point, Shape};
 use crate::record::{self, Row};
@@ -28,10 +28,10 @@ fn asked_algo(row: &Row) -> Option<Algo> {
             _ => Algo::Ring,
         });
     }
-    ["ring", "direct", "tree", "chain"]
-        .into_iter()
-        .find(|name| row.backend_version.contains(&format!("{name} algorithm")))
-        .and_then(|name| clap::ValueEnum::from_str(name, true).ok())
+    Algo::ALL.iter().copied().find(|a| {
+        row.backend_version
+            .contains(&format!("{} algorithm", a.name()))
+    })
 }
 
 /// The shape of a series' rows and their points (those this model has a structure for).

@@ -18,10 +18,11 @@ use comm_core::collective::Span;
 use comm_core::Collective;
 
 use self::system::System;
+use crate::cli::SweepArgs;
 use crate::error::BenchError;
 use crate::model::nccl::{self, Choice, NCCL_TAG};
+use crate::plan::{self, SweepDefaults};
 use crate::record::{self, Row};
-use crate::units::{parse_bytes, sweep, Step};
 
 /// The most GPUs the model is offered for (the range; NCCL's tables were tuned well
 /// below Leonardo's 13824).
@@ -60,21 +61,8 @@ pub struct PredictArgs {
     #[arg(long, value_delimiter = ',', value_name = "LIST", help = collectives_help())]
     pub collectives: Option<Vec<String>>,
 
-    /// Smallest size (nccl-tests' suffixes: K, M, G x1024).
-    #[arg(short = 'b', long = "minbytes", value_parser = parse_bytes, default_value = "8")]
-    pub min_bytes: u64,
-
-    /// Largest size.
-    #[arg(short = 'e', long = "maxbytes", value_parser = parse_bytes, default_value = "8G")]
-    pub max_bytes: u64,
-
-    /// Multiply the size by this from one step to the next.
-    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
-    pub step_factor: u64,
-
-    /// Write the predictions as comm-bench's CSV (backend "model:nccl-2.21.5").
-    #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
+    #[command(flatten)]
+    pub sweep: SweepArgs,
 
     /// Plot the predictions (and the --calibrate sweep) with `comm-bench report`'s charts into
     /// this folder.
@@ -114,10 +102,13 @@ struct Line {
 pub fn run(args: &PredictArgs) -> Result<(), BenchError> {
     let mut system = resolve(args)?;
     let collectives = collectives(args)?;
-    let sizes = sweep(
-        args.min_bytes,
-        args.max_bytes,
-        Step::Factor(args.step_factor),
+    let sizes = plan::sizes(
+        &args.sweep,
+        SweepDefaults {
+            min: 8,
+            max: 8 << 30,
+            factor: 2,
+        },
     )?;
     let calibrated = match &args.calibrate {
         Some(path) => {
@@ -136,7 +127,7 @@ pub fn run(args: &PredictArgs) -> Result<(), BenchError> {
         rows.extend(lines.into_iter().map(|l| l.row));
     }
     print!("{}", footer(&system));
-    if let Some(path) = &args.csv {
+    if let Some(path) = &args.sweep.csv {
         record::write_csv(path, &rows)?;
         println!("wrote {}", path.display());
     }

@@ -8,14 +8,27 @@ pub mod nccl;
 use std::fmt;
 
 /// What the user asked for with `--backend`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
     /// NCCL where a GPU and libnccl are usable, else the CPU.
+    #[default]
     Auto,
     /// The CPU backend, even where a GPU is present.
     Cpu,
     /// NCCL on GPUs; an error where it cannot run.
     Nccl,
+}
+
+impl crate::named::Named for BackendChoice {
+    const ALL: &'static [Self] = &[Self::Auto, Self::Cpu, Self::Nccl];
+
+    fn name(self) -> &'static str {
+        match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Cpu => "cpu",
+            BackendChoice::Nccl => "nccl",
+        }
+    }
 }
 
 /// What actually runs.

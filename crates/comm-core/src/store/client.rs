@@ -14,10 +14,11 @@
 use std::io::ErrorKind;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::connection::{connect_until, Conn};
 use super::wire::{self, wire_key, Command, MAX_VALUE_BYTES};
+use crate::deadline::Deadline;
 use crate::error::{CommError, Result};
 
 /// Why requests end early: the error for a request about a key, made in the requester's thread.
@@ -59,7 +60,7 @@ impl Client {
         rank: usize,
         namespace: &str,
         timeout: Duration,
-        deadline: Instant,
+        deadline: Deadline,
     ) -> Result<Client> {
         let conn =
             connect_until(endpoint, deadline).map_err(|source| CommError::StoreUnreachable {

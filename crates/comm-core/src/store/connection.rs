@@ -6,9 +6,10 @@
 
 use std::io::{BufReader, ErrorKind, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::wire::{self, Answer, Command, Shape};
+use crate::deadline::Deadline;
 
 /// One TCPStore connection.
 pub(super) struct Conn {
@@ -186,19 +187,13 @@ fn closed(e: &std::io::Error) -> bool {
 }
 
 /// Connects, validates and pings, retrying with a growing pause until `deadline`.
-pub(super) fn connect_until(endpoint: &str, deadline: Instant) -> std::io::Result<Conn> {
+pub(super) fn connect_until(endpoint: &str, deadline: Deadline) -> std::io::Result<Conn> {
     let mut pause = Duration::from_millis(20);
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.remaining().unwrap_or(Duration::MAX);
         match Conn::open(endpoint, left) {
             Ok(conn) => return Ok(conn),
-            Err(e)
-                if Instant::now()
-                    .checked_add(pause)
-                    .is_none_or(|t| t >= deadline) =>
-            {
-                return Err(e)
-            }
+            Err(e) if deadline.remaining().is_some_and(|left| left <= pause) => return Err(e),
             Err(_) => {}
         }
         std::thread::sleep(pause);

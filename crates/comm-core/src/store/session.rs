@@ -12,6 +12,7 @@ use super::client::Client;
 use super::connection::{connect_until, Conn};
 use super::membership::{self, Membership};
 use super::watcher::Watcher;
+use crate::deadline::Deadline;
 use crate::error::{rank_list, CommError, Result};
 
 /// A rank's connection to the rendezvous store.
@@ -66,7 +67,7 @@ impl Store {
     /// ([`CommError::JobAborted`]). The last three end the job for every rank.
     pub fn join(host: &str, port: u16, who: &Membership<'_>, timeout: Duration) -> Result<Store> {
         let endpoint = format!("{host}:{port}");
-        let deadline = crate::deadline::after(timeout);
+        let deadline = Deadline::after(timeout);
         let client = Client::connect(&endpoint, who.rank, who.namespace, timeout, deadline)?;
         let mut store = Store {
             client,

@@ -4,11 +4,13 @@
 
 use super::tcp::TcpTransport;
 use super::transport::Transport;
+use crate::named::Named;
 
 /// What the user asked for with `--transport`: how CPU ranks move bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TransportChoice {
     /// Shared memory between ranks of one host, TCP between hosts.
+    #[default]
     Auto,
     /// Shared memory between every pair; an error where ranks do not share a host.
     Shm,
@@ -18,11 +20,12 @@ pub enum TransportChoice {
 
 /// How ranks of one host that share memory move large messages (`--copy`), as NCCL_P2P_DISABLE
 /// and NCCL_SHM_DISABLE choose between NCCL's P2P and SHM transports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CopyChoice {
     /// One copy (cross-memory attach) from the size where it was measured to win, where every
     /// pair of the job's hosts can read each other's memory; two copies through the rings
     /// otherwise (on the 2-core VM it was measured on, one copy lost at every size: the rings).
+    #[default]
     Auto,
     /// One copy for every message: the receiver reads the sender's buffer itself
     /// (`process_vm_readv`); an error where a pair cannot.
@@ -31,9 +34,22 @@ pub enum CopyChoice {
     Ring,
 }
 
-impl CopyChoice {
-    /// The flag's spelling.
-    pub fn name(self) -> &'static str {
+impl Named for TransportChoice {
+    const ALL: &'static [Self] = &[Self::Auto, Self::Shm, Self::Tcp];
+
+    fn name(self) -> &'static str {
+        match self {
+            TransportChoice::Auto => "auto",
+            TransportChoice::Shm => "shm",
+            TransportChoice::Tcp => "tcp",
+        }
+    }
+}
+
+impl Named for CopyChoice {
+    const ALL: &'static [Self] = &[Self::Auto, Self::Single, Self::Ring];
+
+    fn name(self) -> &'static str {
         match self {
             CopyChoice::Auto => "auto",
             CopyChoice::Single => "single",

@@ -22,6 +22,7 @@ pub use transport::{threaded_send_recv_with, CallScope, Sink, Transport, PIECE_B
 
 use crate::collective::Collective;
 use crate::error::{CommError, Result};
+use crate::named::Named;
 use crate::store::Scoped;
 
 /// The algorithms `--algo` can name for `collective`: those [`algorithms::run`] chooses between
@@ -67,11 +68,8 @@ pub fn connect(
 /// Every rank must have been given the same `--transport`: rank 0's rules, and a rank given
 /// another fails at once saying so (rather than waiting for ranks that took another path).
 fn agree_on_choice(scope: &Scoped, rank: usize, choice: TransportChoice) -> Result<()> {
-    use clap::ValueEnum;
-    let ours = choice
-        .to_possible_value()
-        .map_or_else(String::new, |v| v.get_name().to_string());
-    let chosen = scope.rank0_value("transport", &ours)?;
+    let ours = choice.name();
+    let chosen = scope.rank0_value("transport", ours)?;
     if chosen != ours {
         return Err(CommError::Usage(format!(
             "rank 0 runs --transport {chosen} but rank {rank} was given --transport {ours}; give \
@@ -97,14 +95,13 @@ fn agree_on_copy(scope: &Scoped, rank: usize, copy: CopyChoice) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::ValueEnum;
 
     /// `algos_of` lists exactly the algorithms that asking for runs at every size: the same
     /// rule as the dispatch, so `--algo` is refused only where it would be ignored.
     #[test]
     fn a_collectives_algorithms_are_those_the_dispatch_obeys() {
         for c in Collective::ALL {
-            for &a in Algo::value_variants() {
+            for &a in Algo::ALL {
                 let obeyed = [0, 1 << 30]
                     .iter()
                     .all(|&b| chosen(c, b, 4, Some(a)) == Some(a));

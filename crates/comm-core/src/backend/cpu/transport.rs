@@ -8,7 +8,9 @@
 //! threads) must finish before the deadline set when the call began, however slowly bytes
 //! trickle in. A send or receive made outside any call (point-to-point) gets its own deadline.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+pub(crate) use crate::deadline::Deadline;
 
 use crate::error::{CommError, Result};
 
@@ -168,39 +170,6 @@ impl<T: Transport + ?Sized> Drop for CallScope<'_, T> {
     fn drop(&mut self) {
         if self.owner {
             self.transport.end_call();
-        }
-    }
-}
-
-/// A moment by which an operation must finish; `None` inside when the timeout is so long that
-/// no clock can represent its end (it then never comes).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Deadline(Option<Instant>);
-
-impl Deadline {
-    /// `timeout` from now.
-    pub(crate) fn after(timeout: Duration) -> Deadline {
-        Deadline(Instant::now().checked_add(timeout))
-    }
-
-    /// Time left, `None` when unbounded; zero once it has passed.
-    pub(crate) fn remaining(&self) -> Option<Duration> {
-        self.0
-            .map(|at| at.saturating_duration_since(Instant::now()))
-    }
-
-    /// Whether it has passed.
-    pub(crate) fn passed(&self) -> bool {
-        self.remaining().is_some_and(|left| left.is_zero())
-    }
-
-    /// How long a single blocking wait may last now: the time left, at most `most`. `None` once
-    /// the deadline has passed.
-    pub(crate) fn wait_at_most(&self, most: Duration) -> Option<Duration> {
-        match self.remaining() {
-            None => Some(most),
-            Some(left) if left.is_zero() => None,
-            Some(left) => Some(left.min(most)),
         }
     }
 }

@@ -22,6 +22,8 @@ use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Or
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::deadline::Deadline;
+
 use cudarc::nccl::{result, sys};
 
 /// What one look at an NCCL call in flight finds.
@@ -96,12 +98,18 @@ impl Shown {
         u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(NEVER - 1)
     }
 
+    /// Nanoseconds from `base` to `deadline`; one that never comes is as far as can be shown.
+    fn deadline_ns(&self, deadline: Deadline) -> u64 {
+        deadline.at().map_or(NEVER - 1, |at| self.ns(at))
+    }
+
     /// Shows `name` until `deadline` (on the rank's thread only); returns the call's number.
-    fn show(&self, name: &'static str, allowed: Duration, deadline: Instant) -> u64 {
+    fn show(&self, name: &'static str, allowed: Duration, deadline: Deadline) -> u64 {
         let seq = self.seq.load(Ordering::Relaxed);
         self.seq.store(seq + 1, Ordering::Relaxed);
         fence(Ordering::Release);
-        self.deadline_ns.store(self.ns(deadline), Ordering::Relaxed);
+        self.deadline_ns
+            .store(self.deadline_ns(deadline), Ordering::Relaxed);
         let allowed = u64::try_from(allowed.as_nanos()).unwrap_or(u64::MAX);
         self.allowed_ns.store(allowed, Ordering::Relaxed);
         self.name_ptr
@@ -190,7 +198,7 @@ impl Watchdog {
     /// [`arm`](Self::arm) for a call allowed `allowed` instead of the timeout. It replaces the
     /// call shown before: that one is no longer watched, even while its guard lives.
     pub(super) fn arm_for(&self, what: &'static str, allowed: Duration) -> Arming<'_> {
-        let deadline = crate::deadline::after(allowed);
+        let deadline = Deadline::after(allowed);
         let number = self.shown.show(what, allowed, deadline);
         Arming {
             dog: self,
@@ -219,13 +227,13 @@ impl Drop for Watchdog {
 pub(super) struct Arming<'a> {
     dog: &'a Watchdog,
     number: u64,
-    deadline: Instant,
+    deadline: Deadline,
 }
 
 impl Arming<'_> {
     /// Whether the call has outlived its timeout: the rank must abort it now.
     pub(super) fn expired(&self) -> bool {
-        Instant::now() >= self.deadline
+        self.deadline.passed()
     }
 }
 
@@ -417,7 +425,10 @@ mod tests {
     fn a_look_reads_one_calls_name_and_deadline_never_halves_of_two() {
         let shown = Arc::new(Shown::new());
         let (a, b) = ("ncclAllReduce", "a much longer name of another call");
-        let (a_at, b_at) = (Instant::now(), Instant::now() + Duration::from_secs(7));
+        let (a_at, b_at) = (
+            Deadline::after(Duration::ZERO),
+            Deadline::after(Duration::from_secs(7)),
+        );
         let writer = {
             let shown = shown.clone();
             std::thread::spawn(move || {
@@ -429,7 +440,7 @@ mod tests {
                 }
             })
         };
-        let (mut looks, a_ns, b_ns) = (0, shown.ns(a_at), shown.ns(b_at));
+        let (mut looks, a_ns, b_ns) = (0, shown.deadline_ns(a_at), shown.deadline_ns(b_at));
         while !writer.is_finished() || looks == 0 {
             if let Some(call) = shown.look() {
                 let whole_a = (a, a_ns, Duration::from_secs(1));
@@ -450,7 +461,7 @@ mod tests {
         assert!(!stuck_at(NEVER, grace, NEVER - 1));
         let shown = Shown::new();
         assert_eq!(shown.look(), None);
-        let number = shown.show("x", Duration::ZERO, Instant::now());
+        let number = shown.show("x", Duration::ZERO, Deadline::after(Duration::ZERO));
         assert!(shown.look().is_some());
         shown.hide(number);
         assert_eq!(shown.look(), None);

@@ -2,6 +2,7 @@
 
 use crate::backend::cpu::transport::PIECE_BYTES;
 use crate::collective::Collective;
+use crate::named::Named;
 
 /// Up to this many bytes, latency matters more than bandwidth.
 pub(super) const SMALL_BYTES: usize = 64 << 10;
@@ -12,7 +13,7 @@ pub(super) const SEGMENT_BYTES: usize = PIECE_BYTES;
 
 /// A CPU algorithm chosen by name (`--algo`), as `NCCL_ALGO` chooses NCCL's. A collective that
 /// has no algorithm of that name, or no choice given, picks by size as it always does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algo {
     /// all_reduce: a reduce-scatter then an all-gather around the ring, 2(n-1) steps each
     /// moving 1/n of the buffer (chosen above 256 KiB).
@@ -27,9 +28,11 @@ pub enum Algo {
     Chain,
 }
 
-impl Algo {
+impl Named for Algo {
+    const ALL: &'static [Self] = &[Self::Ring, Self::Direct, Self::Tree, Self::Chain];
+
     /// The name `--algo` takes.
-    pub fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Algo::Ring => "ring",
             Algo::Direct => "direct",
