@@ -105,6 +105,43 @@ pub enum Command {
     /// alpha, B, the half-peak size, the error and what the fit shows in words; --table adds each
     /// size's error and regime.
     Model(ModelArgs),
+    /// Plays the rendezvous of N ranks (two connections each: join, a barrier, rank 0's value)
+    /// against our store and against PyTorch's TCPStore (libuv), from a few threads, and prints
+    /// the time until every rank is through, with each server's CPU time and peak memory.
+    StoreLoad(StoreLoadArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StoreLoadArgs {
+    /// Numbers of simulated ranks, comma-separated, one rendezvous each.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_values_t = [256, 1024, 4096])]
+    pub ranks: Vec<usize>,
+
+    /// Which stores: ours, torch, or both (torch from scripts/torch-env.sh's environment, or
+    /// --python).
+    #[arg(long, value_name = "WHICH", default_value = "both",
+          value_parser = ["ours", "torch", "both"])]
+    pub store: String,
+
+    /// Threads driving the simulated ranks.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub threads: usize,
+
+    /// Rounds per store and rank count; the best is reported.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub rounds: usize,
+
+    /// The python with torch [default: the torch environment's, ~/.cache/nccl-workshop/torch-venv].
+    #[arg(long, value_name = "PYTHON")]
+    pub python: Option<PathBuf>,
+
+    /// Seconds one rendezvous may take.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
+    pub timeout: f64,
+
+    /// Internal: serve our store for a job of N ranks, print its port, serve until stdin closes.
+    #[arg(long, hide = true, value_name = "N")]
+    pub serve: Option<usize>,
 }
 
 #[derive(Debug, Clone, Args)]

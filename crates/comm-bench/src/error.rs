@@ -10,6 +10,9 @@ use comm_core::CommError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
+    /// `comm-bench store-load` could not start, drive or read a store.
+    #[error("store-load: {0}")]
+    Store(String),
     /// A size flag's value that is not a whole number with a known suffix.
     #[error(
         "{text:?} is not a size: write bytes as a whole number with K, M, G (x1024) or KB, MB, \

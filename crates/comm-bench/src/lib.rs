@@ -13,6 +13,7 @@
 //!   NCCL's cost model
 //! - [`predict`]: NCCL's cost model for a described cluster (`comm-bench predict`)
 //! - [`course`]: the course's own outputs of `--preset profiler` and `--preset allreduce-sweep`
+//! - [`store_load`]: N ranks' rendezvous against our store and PyTorch's (`comm-bench store-load`)
 //! - [`error`]: what can go wrong, one variant per cause
 
 pub mod budget;
@@ -27,6 +28,7 @@ pub mod plan;
 pub mod predict;
 pub mod record;
 pub mod report;
+pub mod store_load;
 pub mod table;
 pub mod timeline;
 pub mod units;

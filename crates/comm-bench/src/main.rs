@@ -70,6 +70,13 @@ fn main() -> ExitCode {
                 1
             }
         },
+        Some(Command::StoreLoad(args)) => match comm_bench::store_load::run(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("comm-bench store-load: error: {e}");
+                1
+            }
+        },
         None => comm_bench::driver::run(&cli.bench),
     };
     ExitCode::from(code.clamp(0, 255) as u8)

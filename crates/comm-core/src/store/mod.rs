@@ -33,7 +33,7 @@ pub use membership::Membership;
 pub use scoped::Scoped;
 pub use server::{StoreLimits, StoreServer};
 pub use session::Store;
-pub use wire::{wire_key, MAX_VALUE_BYTES};
+pub use wire::{wire_key, Answer, Command, Shape, MAX_VALUE_BYTES, VALIDATION_MAGIC};
 
 #[cfg(test)]
 mod fuzz;

@@ -156,6 +156,12 @@ impl StoreServer {
                 e,
             )
         })?;
+        // Every rank connects at once as a job starts: std listens with a backlog of 128, and
+        // connections past it are dropped and retried by the client's kernel a second later.
+        // Listening again raises the backlog to the system's cap (net.core.somaxconn, 4096 by
+        // default), as PyTorch's TCPStore does.
+        // SAFETY: `listen` on the listener's own, open socket.
+        unsafe { libc::listen(listener.as_raw_fd(), libc::SOMAXCONN) };
         let addr = listener
             .local_addr()
             .map_err(|e| CommError::io("store listener address", e))?;

@@ -78,7 +78,9 @@ pub const NOT_READY: u8 = 1;
 pub const STOP_WAITING: u8 = 0;
 pub const WAIT_CANCELED: u8 = 1;
 
-/// One decoded request.
+/// One decoded request: each variant is the table's row in this module's comment, its fields
+/// the request's fields.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
     Validate {
@@ -430,6 +432,7 @@ pub enum Shape {
 }
 
 /// One answer of the server.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Answer {
     Value(Vec<u8>),
