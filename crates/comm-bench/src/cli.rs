@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use comm_core::settings::backend_choices;
 use comm_core::{BackendChoice, JobArgs};
 
-use crate::units::parse_bytes;
+use crate::units::SweepArgs;
 
 /// What is timed, for `--help` (docs/src/benchmarking.md says the same at more length).
 pub const TIMING_HELP: &str = "\
@@ -214,40 +214,6 @@ pub enum Placements {
     Both,
     OutOfPlace,
     InPlace,
-}
-
-/// The sizes of a sweep and where its rows go, as nccl-tests takes them: a benchmark run and
-/// `comm-bench predict` share them (each with its own defaults, [`crate::plan::SweepDefaults`]).
-#[derive(Debug, Clone, Args)]
-pub struct SweepArgs {
-    /// Smallest size in bytes: K, M, G are x1024 as in nccl-tests (1M = 1048576); KB, MB, GB are
-    /// x1000 as the course writes sizes (100MB = 100000000) [default: 1K; predict: 8].
-    #[arg(short = 'b', long = "minbytes", value_parser = parse_bytes, value_name = "SIZE")]
-    pub min_bytes: Option<u64>,
-
-    /// Largest size in bytes (same suffixes) [default: 64M; predict: 8G].
-    #[arg(short = 'e', long = "maxbytes", value_parser = parse_bytes, value_name = "SIZE")]
-    pub max_bytes: Option<u64>,
-
-    /// Multiply the size by this factor from one step to the next [default: 4; predict: 2].
-    #[arg(
-        short = 'f',
-        long = "stepfactor",
-        value_name = "FACTOR",
-        conflicts_with = "step_bytes"
-    )]
-    pub step_factor: Option<u64>,
-
-    /// Add this many bytes from one step to the next, instead of -f.
-    #[arg(short = 'i', long = "stepbytes", value_parser = parse_bytes, value_name = "SIZE")]
-    pub step_bytes: Option<u64>,
-
-    /// Also write the rows as CSV: one per backend, collective, world size, size, type,
-    /// reduction and placement: the table's time (time_us) and the median, min and max over
-    /// iterations (time_us_median, …), with the machine, backend and versions (predictions:
-    /// backend "model:nccl-…").
-    #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]

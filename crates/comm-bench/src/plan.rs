@@ -3,9 +3,9 @@
 use comm_core::timing::{Average, Waiting};
 use comm_core::{BackendChoice, Collective, DType, ReduceOp};
 
-use crate::cli::{BenchArgs, Placements, Preset, SweepArgs};
+use crate::cli::{BenchArgs, Placements, Preset};
 use crate::error::BenchError;
-use crate::units::{sweep, Step};
+use crate::units::{sizes, SweepDefaults};
 
 /// A resolved sweep, the same on every rank.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,27 +129,6 @@ fn tables(args: &BenchArgs, d: &Defaults) -> Result<Tables, BenchError> {
         dtypes,
         ops,
     })
-}
-
-/// What a sweep measures where -b, -e and -f are silent.
-#[derive(Debug, Clone, Copy)]
-pub struct SweepDefaults {
-    pub min: u64,
-    pub max: u64,
-    pub factor: u64,
-}
-
-/// -b, -e and -f or -i as the sizes of the sweep, `d` where they are silent.
-pub fn sizes(args: &SweepArgs, d: SweepDefaults) -> Result<Vec<u64>, BenchError> {
-    let min = args.min_bytes.unwrap_or(d.min);
-    // Without -e, a -b above the default maximum measures that one size.
-    let max = args.max_bytes.unwrap_or(d.max.max(min));
-    let step = match (args.step_bytes, args.step_factor) {
-        (Some(i), _) => Step::Bytes(i),
-        (None, Some(f)) => Step::Factor(f),
-        (None, None) => Step::Factor(d.factor),
-    };
-    sweep(min, max, step)
 }
 
 /// --world-sizes (or the preset's), each a number of ranks this node can start.

@@ -1,5 +1,9 @@
 //! Sizes as people write them (`-b 1M`, `--maxbytes 1GB`) and as tables show them.
 
+use std::path::PathBuf;
+
+use clap::Args;
+
 use crate::error::BenchError;
 
 /// Parses a byte count: a whole number with an optional suffix. As in nccl-tests, `K`, `M`, `G`
@@ -108,6 +112,61 @@ pub fn trim(number: String) -> String {
     } else {
         number
     }
+}
+
+/// The sizes of a sweep and where its rows go, as nccl-tests takes them: a benchmark run and
+/// `comm-bench predict` share them (each with its own defaults, [`SweepDefaults`]).
+#[derive(Debug, Clone, Args)]
+pub struct SweepArgs {
+    /// Smallest size in bytes: K, M, G are x1024 as in nccl-tests (1M = 1048576); KB, MB, GB are
+    /// x1000 as the course writes sizes (100MB = 100000000) [default: 1K; predict: 8].
+    #[arg(short = 'b', long = "minbytes", value_parser = parse_bytes, value_name = "SIZE")]
+    pub min_bytes: Option<u64>,
+
+    /// Largest size in bytes (same suffixes) [default: 64M; predict: 8G].
+    #[arg(short = 'e', long = "maxbytes", value_parser = parse_bytes, value_name = "SIZE")]
+    pub max_bytes: Option<u64>,
+
+    /// Multiply the size by this factor from one step to the next [default: 4; predict: 2].
+    #[arg(
+        short = 'f',
+        long = "stepfactor",
+        value_name = "FACTOR",
+        conflicts_with = "step_bytes"
+    )]
+    pub step_factor: Option<u64>,
+
+    /// Add this many bytes from one step to the next, instead of -f.
+    #[arg(short = 'i', long = "stepbytes", value_parser = parse_bytes, value_name = "SIZE")]
+    pub step_bytes: Option<u64>,
+
+    /// Also write the rows as CSV: one per backend, collective, world size, size, type,
+    /// reduction and placement: the table's time (time_us) and the median, min and max over
+    /// iterations (time_us_median, …), with the machine, backend and versions (predictions:
+    /// backend "model:nccl-…").
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+}
+
+/// What a sweep measures where -b, -e and -f are silent.
+#[derive(Debug, Clone, Copy)]
+pub struct SweepDefaults {
+    pub min: u64,
+    pub max: u64,
+    pub factor: u64,
+}
+
+/// -b, -e and -f or -i as the sizes of the sweep, `d` where they are silent.
+pub fn sizes(args: &SweepArgs, d: SweepDefaults) -> Result<Vec<u64>, BenchError> {
+    let min = args.min_bytes.unwrap_or(d.min);
+    // Without -e, a -b above the default maximum measures that one size.
+    let max = args.max_bytes.unwrap_or(d.max.max(min));
+    let step = match (args.step_bytes, args.step_factor) {
+        (Some(i), _) => Step::Bytes(i),
+        (None, Some(f)) => Step::Factor(f),
+        (None, None) => Step::Factor(d.factor),
+    };
+    sweep(min, max, step)
 }
 
 #[cfg(test)]

@@ -18,10 +18,10 @@ use comm_core::collective::Span;
 use comm_core::Collective;
 
 use self::system::System;
-use crate::cli::SweepArgs;
 use crate::error::BenchError;
 use crate::model::nccl::{self, Choice, NCCL_TAG};
-use crate::plan::{self, SweepDefaults};
+use crate::units::{self, SweepArgs, SweepDefaults};
+
 use crate::record::{self, Row};
 
 /// The most GPUs the model is offered for (the range; NCCL's tables were tuned well
@@ -102,7 +102,7 @@ struct Line {
 pub fn run(args: &PredictArgs) -> Result<(), BenchError> {
     let mut system = resolve(args)?;
     let collectives = collectives(args)?;
-    let sizes = plan::sizes(
+    let sizes = units::sizes(
         &args.sweep,
         SweepDefaults {
             min: 8,
