@@ -18,6 +18,7 @@ use crate::steps;
 use crate::streaming::{copy, Stores};
 use crate::trace;
 
+// ANCHOR: schedules
 /// The ring all-reduce: a ring reduce-scatter, then a ring all-gather of the reduced blocks.
 pub const RING_ALL_REDUCE: Schedule = Schedule {
     collective: Collective::AllReduce,
@@ -49,6 +50,7 @@ pub const RING_ALL_GATHER: Schedule = Schedule {
     link_bytes: |s, n| (n - 1.0) * (s / n),
     reduced_bytes: nothing,
 };
+// ANCHOR_END: schedules
 
 /// Every rank ends with the reduction of all ranks' `buf`: the direct exchange while little
 /// data moves, else ring reduce-scatter then ring all-gather ([`RING_ALL_REDUCE`]).
