@@ -7,9 +7,27 @@
 //! Everything that runs collectives reads this table: [`Communicator::collective`](crate::comm::Communicator::collective), which checks
 //! a call here and hands it to a backend; the correctness checks ([`crate::check`],
 //! `collective-check`, the GPU check script); the collective tests; comm-bench's plan, measurement
-//! and report. Adding a collective is one [`Collective`] variant and its table entry here, its CPU
-//! algorithm (in `backend/cpu/algorithms/`, one file per family) and its NCCL mapping
-//! (`backend/nccl/collectives.rs`).
+//! and report.
+//!
+//! Adding a collective touches these files, and after its variant the compiler names each of
+//! them in turn: no `match` on a collective has a `_` arm, so one left out does not build rather
+//! than silently get a default (`crates/comm-core/tests/new_collective.rs` adds a variant to a
+//! scratch copy of the workspace, follows the errors, and holds this list to the files they
+//! name):
+//!
+//! - `crates/comm-core/src/collective.rs`: its variant in `collectives!` and its entry in
+//!   `TABLE` (as long as [`Collective::ALL`], so a missing entry does not build);
+//! - `crates/comm-core/src/backend/cpu/algorithms/mod.rs`: its arm in `run`, the CPU dispatch,
+//!   which calls its CPU algorithm, and its named algorithms in `schedules` (none: `&[]`)...
+//! - `crates/comm-core/src/backend/cpu/algorithms/<family>.rs`: ...the algorithm, which you
+//!   write in the family's file it belongs to (or a new one), each named one with its `Schedule`
+//!   beside it: its steps and bytes, which the algorithm, `--steps` and comm-bench's model read;
+//! - `crates/comm-core/src/backend/cpu/algorithms/choice.rs`: the rule in `chosen` that picks
+//!   among its named algorithms (none: `None`);
+//! - `crates/comm-core/src/backend/nccl/collectives.rs`: its NCCL name and its `ncclX` call (or
+//!   group of sends and receives);
+//! - `crates/comm-bench/src/model/nccl.rs`: whether NCCL's cost model (tuning.cc) has a cost for
+//!   it (`func`), which `comm-bench predict` offers.
 
 use std::fmt;
 use std::ops::Range;
@@ -18,9 +36,25 @@ use std::str::FromStr;
 use crate::dtype::ReduceOp;
 use crate::error::{CommError, Result};
 
-/// The collectives, named as nccl-tests names its programs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Collective {
+/// Declares [`Collective`] and [`Collective::ALL`] from one list, so that no variant can be
+/// missing from `ALL` (and so from `TABLE`, whose length is `ALL`'s).
+macro_rules! collectives {
+    ($($(#[doc = $doc:literal])* $variant:ident,)*) => {
+        /// The collectives, named as nccl-tests names its programs.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Collective {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl Collective {
+            /// Every collective, in the order tables list them (the order declared).
+            pub const ALL: [Collective; [$(Collective::$variant),*].len()] =
+                [$(Collective::$variant),*];
+        }
+    };
+}
+
+collectives! {
     /// Every rank ends with the reduction of every rank's buffer.
     AllReduce,
     /// Every rank ends with every rank's block, in rank order.
@@ -289,20 +323,19 @@ const TABLE: [Description; Collective::ALL.len()] = [
     },
 ];
 
-impl Collective {
-    /// Every collective, in the order tables list them.
-    pub const ALL: [Collective; 9] = [
-        Collective::AllReduce,
-        Collective::AllGather,
-        Collective::ReduceScatter,
-        Collective::Broadcast,
-        Collective::Reduce,
-        Collective::SendRecv,
-        Collective::AllToAll,
-        Collective::Gather,
-        Collective::Scatter,
-    ];
+// The table is in the enum's order: entry `c as usize` describes `c`.
+const _: () = {
+    let mut i = 0;
+    while i < TABLE.len() {
+        assert!(
+            TABLE[i].collective as usize == i,
+            "TABLE is not in Collective's order"
+        );
+        i += 1;
+    }
+};
 
+impl Collective {
     /// The table entry.
     pub fn describe(self) -> Description {
         TABLE[self as usize]
@@ -571,13 +604,6 @@ mod tests {
         assert_eq!(Collective::Scatter.bus_factor(8), 0.875);
         assert_eq!(Collective::Broadcast.bus_factor(8), 1.0);
         assert_eq!(Collective::AllReduce.bus_factor(1), 0.0);
-    }
-
-    #[test]
-    fn the_table_is_in_the_enums_order() {
-        for (i, c) in Collective::ALL.into_iter().enumerate() {
-            assert_eq!((c as usize, TABLE[i].collective), (i, c));
-        }
     }
 
     #[test]

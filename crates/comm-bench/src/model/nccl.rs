@@ -3,6 +3,7 @@
 //! Only ring and tree with LL, LL128 and Simple: CollNet, NVLS and PAT need hardware
 //! (SHARP switches, NVSwitch multicast) the described clusters do not declare.
 
+use comm_core::backend::cpu;
 use comm_core::Collective;
 
 /// The tag whose numbers these are, for the output's footer and the CSV's backend name.
@@ -19,6 +20,47 @@ pub const CITATIONS: &[&str] = &[
     "channel search stand-in: speedArrayIntra/Inter and ncclTopoDupChannels in \
      src/graph/search.cc:835-851; SM80_NVLINK_BW 20 GB/s in src/graph/topo.h:16",
 ];
+
+/// The collectives tuning.cc has a cost for, by NCCL's names for them (`ncclFunc_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Func {
+    Broadcast,
+    Reduce,
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+}
+
+/// NCCL's function for a collective of the table; `None` where tuning.cc has no cost for it
+/// (NCCL runs those as groups of sends and receives, which it does not tune), and
+/// `comm-bench predict` refuses those by name. No `_`: a new collective does not build until it
+/// is placed here.
+pub fn func(coll: Collective) -> Option<Func> {
+    match coll {
+        Collective::AllReduce => Some(Func::AllReduce),
+        Collective::AllGather => Some(Func::AllGather),
+        Collective::ReduceScatter => Some(Func::ReduceScatter),
+        Collective::Broadcast => Some(Func::Broadcast),
+        Collective::Reduce => Some(Func::Reduce),
+        Collective::SendRecv | Collective::AllToAll | Collective::Gather | Collective::Scatter => {
+            None
+        }
+    }
+}
+
+impl Func {
+    /// The CPU algorithm whose steps NCCL's ring takes for this function in its bandwidth
+    /// regime, which `comm-bench model` fits an NCCL series through: a ring, and for broadcast
+    /// a pipelined chain.
+    pub fn ring_as_cpu(self) -> cpu::Algo {
+        match self {
+            Func::Broadcast => cpu::Algo::Chain,
+            Func::Reduce | Func::AllGather | Func::ReduceScatter | Func::AllReduce => {
+                cpu::Algo::Ring
+            }
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algo {
@@ -144,33 +186,30 @@ pub struct Choice {
 }
 
 /// Steps of a ring and of them those crossing nodes, tuning.cc:158-163.
-fn steps(coll: Collective, ranks: usize, nodes: usize) -> (f64, f64) {
+fn steps(f: Func, ranks: usize, nodes: usize) -> (f64, f64) {
     let (n, m) = (ranks as f64, nodes as f64);
-    match coll {
-        Collective::AllReduce => (2.0 * (n - 1.0), if nodes > 1 { 2.0 * m } else { 0.0 }),
-        Collective::AllGather | Collective::ReduceScatter => (n - 1.0, m - 1.0),
-        _ => (n, m),
+    match f {
+        Func::AllReduce => (2.0 * (n - 1.0), if nodes > 1 { 2.0 * m } else { 0.0 }),
+        Func::AllGather | Func::ReduceScatter => (n - 1.0, m - 1.0),
+        Func::Broadcast | Func::Reduce => (n, m),
     }
 }
 
-/// The collectives tuning.cc has a cost for: all_reduce by ring or tree, and only ring runs
-/// broadcast, reduce, all_gather and reduce_scatter here (tuning.cc:166-169). `comm-bench predict`
-/// offers these and refuses the others by name.
-pub const MODELLED: [Collective; 5] = [
-    Collective::AllReduce,
-    Collective::AllGather,
-    Collective::ReduceScatter,
-    Collective::Broadcast,
-    Collective::Reduce,
-];
-
-/// Whether NCCL's model has a cost for `coll`.
+/// Whether NCCL's model has a cost for `coll` ([`func`]).
 pub fn supported(coll: Collective) -> bool {
-    MODELLED.contains(&coll)
+    func(coll).is_some()
 }
 
-fn runs(coll: Collective, algo: Algo) -> bool {
-    algo == Algo::Ring || coll == Collective::AllReduce
+/// The collectives NCCL's model covers, in the table's order: `comm-bench predict` offers these
+/// and refuses the others by name.
+pub fn modelled() -> impl Iterator<Item = Collective> {
+    Collective::ALL.into_iter().filter(|&c| supported(c))
+}
+
+/// all_reduce runs by ring or tree; broadcast, reduce, all_gather and reduce_scatter only by ring
+/// here (tuning.cc:166-169).
+fn runs(f: Func, algo: Algo) -> bool {
+    algo == Algo::Ring || f == Func::AllReduce
 }
 
 /// The table's row indexes: GPU generation, node-count bucket (tuning.cc:139-145).
@@ -190,7 +229,7 @@ fn indexes(t: &Topo) -> (usize, usize, usize) {
 }
 
 /// Bus bandwidth, then algorithm bandwidth, of one combination: tuning.cc:174-219.
-fn bandwidth(t: &Topo, coll: Collective, algo: Algo, proto: Proto) -> f64 {
+fn bandwidth(t: &Topo, f: Func, algo: Algo, proto: Proto) -> f64 {
     let (cc, by_nodes, ll_row) = indexes(t);
     let ll_max = LL_MAX_BWS[ll_row][by_nodes];
     let ch = t.channels as f64;
@@ -218,7 +257,7 @@ fn bandwidth(t: &Topo, coll: Collective, algo: Algo, proto: Proto) -> f64 {
             }
         }
     }
-    let (nsteps, _) = steps(coll, t.ranks, t.nodes);
+    let (nsteps, _) = steps(f, t.ranks, t.nodes);
     let ratio = match algo {
         Algo::Ring => t.ranks as f64 / nsteps,
         Algo::Tree => 0.5,
@@ -227,7 +266,7 @@ fn bandwidth(t: &Topo, coll: Collective, algo: Algo, proto: Proto) -> f64 {
 }
 
 /// Latency of one combination, tuning.cc:225-263 (CPU overhead per step from 108-118).
-fn latency(t: &Topo, coll: Collective, algo: Algo, proto: Proto) -> f64 {
+fn latency(t: &Topo, f: Func, algo: Algo, proto: Proto) -> f64 {
     let (a, p) = (algo as usize, proto as usize);
     let mut intra = HW_LAT[t.intra_hw as usize][a][p];
     let mut inter = HW_LAT[Hw::Net as usize][a][p] + t.latency_inter;
@@ -238,9 +277,9 @@ fn latency(t: &Topo, coll: Collective, algo: Algo, proto: Proto) -> f64 {
     let lat = BASE_LAT[a][p]
         + match algo {
             Algo::Ring => {
-                let (nsteps, inter_steps) = steps(coll, t.ranks, t.nodes);
+                let (nsteps, inter_steps) = steps(f, t.ranks, t.nodes);
                 let hw = if t.nodes == 1 { t.intra_hw } else { Hw::Net };
-                if matches!(coll, Collective::Broadcast | Collective::Reduce) {
+                if matches!(f, Func::Broadcast | Func::Reduce) {
                     // sameChannels is 1 for the rings NCCL searches: one hop's latency.
                     HW_LAT[hw as usize][a][p]
                 } else {
@@ -273,10 +312,14 @@ fn log2i(mut n: u64) -> u32 {
     l
 }
 
-/// Every combination NCCL would consider for `coll` on `t`, enabled ones only.
+/// Every combination NCCL would consider for `coll` on `t`, enabled ones only (none for a
+/// collective tuning.cc has no cost for).
 pub fn costs(t: &Topo, coll: Collective) -> Vec<Cost> {
+    let Some(f) = func(coll) else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
-    for algo in Algo::ALL.into_iter().filter(|&a| runs(coll, a)) {
+    for algo in Algo::ALL.into_iter().filter(|&a| runs(f, a)) {
         for proto in Proto::ALL {
             if proto == Proto::Ll128 && !t.ll128 {
                 continue;
@@ -284,8 +327,8 @@ pub fn costs(t: &Topo, coll: Collective) -> Vec<Cost> {
             out.push(Cost {
                 algo,
                 proto,
-                latency: latency(t, coll, algo, proto),
-                bandwidth: bandwidth(t, coll, algo, proto),
+                latency: latency(t, f, algo, proto),
+                bandwidth: bandwidth(t, f, algo, proto),
             });
         }
     }
@@ -325,7 +368,7 @@ pub fn terms(t: &Topo, coll: Collective, bytes: u64) -> Vec<Term> {
             if cost.algo == Algo::Ring
                 && cost.proto == Proto::Simple
                 && t.nodes > 1
-                && coll == Collective::AllReduce
+                && func(coll) == Some(Func::AllReduce)
                 && per_channel_rank >= 64
             {
                 lat *= if t.compute_capability < 80 { 1.9 } else { 1.4 };

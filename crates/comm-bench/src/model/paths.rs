@@ -1,26 +1,18 @@
 //! The critical path of each algorithm the α–β fit is fitted through (the structures of Thakur,
 //! Rabenseifner and Gropp): messages one after another, bytes through one rank's link, bytes
-//! reduced, for the algorithm the CPU backend runs at each size (`comm_core::backend::cpu::chosen`).
-//! The buffers' shapes come from comm-core's collective table; which collectives have a path at
-//! all is [`NOT_MODELLED`]'s to say.
+//! reduced, for the algorithm the CPU backend runs at each size. Each count is the algorithm's
+//! own description, kept beside it in comm-core (`comm_core::backend::cpu::Schedule`, chosen by
+//! `cpu::schedule`); the buffers' shapes come from comm-core's collective table. A collective
+//! with no described algorithm has no path.
 
-use comm_core::backend::cpu::{chosen, Algo, CHAIN_SEGMENT_BYTES};
+use comm_core::backend::cpu::{schedule, schedules, Algo};
 use comm_core::collective::Span;
 use comm_core::{Collective, Named};
 
-/// The collectives this model has no step structure for (yet). `comm-bench model` names them when
-/// it skips a series of one; a test holds every collective of the table either here or modelled.
-pub const NOT_MODELLED: [Collective; 5] = [
-    Collective::Reduce,
-    Collective::SendRecv,
-    Collective::AllToAll,
-    Collective::Gather,
-    Collective::Scatter,
-];
-
-/// Whether the model has a path for `collective`.
+/// Whether the model has a path for `collective`: whether comm-core describes any of its
+/// algorithms. `comm-bench model` names the others when it skips a series of one.
 pub fn modelled(collective: Collective) -> bool {
-    !NOT_MODELLED.contains(&collective)
+    !schedules(collective).is_empty()
 }
 
 /// The critical path of one call: messages one after another, bytes through one rank's link,
@@ -29,52 +21,27 @@ pub fn modelled(collective: Collective) -> bool {
 pub struct Path {
     /// The algorithm, as `--algo` names it.
     pub algo: &'static str,
+    /// How its counts go, in words (`ring: 2(n−1) steps of s/n`).
+    pub words: &'static str,
     pub steps: f64,
     pub bytes: f64,
     pub reduced: f64,
 }
 
 /// The critical path of `collective` on `bytes` (the table's size) over `n` ranks, with the
-/// algorithm the CPU backend runs there (`asked`: `--algo`); `None` for one rank and for the
-/// collectives of [`NOT_MODELLED`].
+/// algorithm the CPU backend runs there (`asked`: `--algo`); `None` for one rank and for a
+/// collective that is not [`modelled`].
 pub fn path(collective: Collective, bytes: u64, n: usize, asked: Option<Algo>) -> Option<Path> {
-    let (s, k) = (bytes as f64, n.saturating_sub(1) as f64);
     if n < 2 {
         return None;
     }
-    let algo = chosen(collective, bytes as usize, n, asked)?;
-    let block = s / n as f64;
-    let (steps, through, reduced) = match (collective, algo) {
-        // n−1 exchanges of the whole buffer, its two local copies (into the scratch and out, each
-        // half a transfer's copy in and copy out), n−1 reductions of it.
-        (Collective::AllReduce, Algo::Direct) => (k, k * s + s, k * s),
-        (Collective::AllReduce, _) => (2.0 * k, 2.0 * k * block, k * block),
-        (Collective::AllGather, _) => (k, k * block, 0.0),
-        (Collective::ReduceScatter, _) => (k, k * block, k * block),
-        (Collective::Broadcast, Algo::Tree) => {
-            let rounds = (n as f64).log2().ceil();
-            (rounds, rounds * s, 0.0)
-        }
-        (Collective::Broadcast, _) => {
-            let segment = (CHAIN_SEGMENT_BYTES as f64).min(s.max(1.0));
-            let segments = (s / segment).ceil().max(1.0);
-            (segments + k - 1.0, s + (k - 1.0) * segment, 0.0)
-        }
-        // No `_`: a new collective does not build until it is placed, here and in NOT_MODELLED.
-        (
-            Collective::Reduce
-            | Collective::SendRecv
-            | Collective::AllToAll
-            | Collective::Gather
-            | Collective::Scatter,
-            _,
-        ) => return None,
-    };
+    let schedule = schedule(collective, bytes as usize, n, asked)?;
     Some(Path {
-        algo: algo.name(),
-        steps,
-        bytes: through,
-        reduced,
+        algo: schedule.algo().name(),
+        words: schedule.words(),
+        steps: schedule.steps(bytes as usize, n) as f64,
+        bytes: schedule.link_bytes(bytes as f64, n),
+        reduced: schedule.reduced_bytes(bytes as f64, n),
     })
 }
 
@@ -94,18 +61,6 @@ pub fn working_set(collective: Collective, bytes: u64, n: usize, in_place: bool)
         false => send / whole + recv / whole,
     };
     bytes as f64 * per_rank * n as f64
-}
-
-/// How each algorithm's path is counted, for the reader of a fit.
-pub fn structure_text(collective: Collective, algos: &[&str]) -> String {
-    let one = |algo: &str| match (collective, algo) {
-        (Collective::AllReduce, "direct") => "direct: n−1 steps of s",
-        (Collective::AllReduce, _) => "ring: 2(n−1) steps of s/n",
-        (Collective::Broadcast, "tree") => "tree: ⌈log2 n⌉ steps of s",
-        (Collective::Broadcast, _) => "chain: n−2+k steps of a 1 MiB segment, k segments",
-        _ => "ring: n−1 steps of s/n",
-    };
-    algos.iter().map(|a| one(a)).collect::<Vec<_>>().join("; ")
 }
 
 #[cfg(test)]
@@ -133,16 +88,45 @@ mod tests {
     }
 
     #[test]
-    fn every_collective_is_modelled_or_listed_as_not() {
+    fn a_collective_has_a_path_iff_it_is_modelled() {
         for c in Collective::ALL {
             let has_path = path(c, 1 << 20, 4, None).is_some();
-            assert_eq!(
-                has_path,
-                modelled(c),
-                "{}: a path iff not in NOT_MODELLED",
-                c.name()
-            );
+            assert_eq!(has_path, modelled(c), "{}", c.name());
         }
+        assert!(!modelled(Collective::AllToAll) && modelled(Collective::AllGather));
+    }
+
+    /// The counts as the lesson's table gives them (docs/src/curve.md), on 4 ranks.
+    #[test]
+    fn the_paths_count_as_the_lesson_does() {
+        let (s, n) = (1u64 << 20, 4);
+        let at = |c, asked| path(c, s, n, Some(asked)).unwrap();
+        let sf = s as f64;
+        let ring = at(Collective::AllReduce, Algo::Ring);
+        assert_eq!((ring.bytes, ring.reduced), (1.5 * sf, 0.75 * sf));
+        let direct = at(Collective::AllReduce, Algo::Direct);
+        assert_eq!((direct.bytes, direct.reduced), (4.0 * sf, 3.0 * sf));
+        let rs = path(Collective::ReduceScatter, s, n, None).unwrap();
+        assert_eq!(
+            (rs.steps, rs.bytes, rs.reduced),
+            (3.0, 0.75 * sf, 0.75 * sf)
+        );
+        let tree = at(Collective::Broadcast, Algo::Tree);
+        assert_eq!((tree.steps, tree.bytes, tree.reduced), (2.0, 2.0 * sf, 0.0));
+        // One 1 MiB segment: n−1 steps, and the buffer plus n−2 segments through a link.
+        let chain = at(Collective::Broadcast, Algo::Chain);
+        assert_eq!((chain.steps, chain.bytes), (3.0, 3.0 * sf));
+        let words: Vec<&str> = [ring, direct, rs, tree, chain].map(|p| p.words).to_vec();
+        assert_eq!(
+            words,
+            [
+                "ring: 2(n−1) steps of s/n",
+                "direct: n−1 steps of s",
+                "ring: n−1 steps of s/n",
+                "tree: ⌈log2 n⌉ steps of s",
+                "chain: n−2+k steps of a 1 MiB segment, k segments"
+            ]
+        );
     }
 
     #[test]

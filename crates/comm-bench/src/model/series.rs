@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use comm_core::backend::cpu::Algo;
-use comm_core::{Collective, Named};
+use comm_core::Named;
 
 use super::fit::{fit, Fit, Point, Shape};
+use super::nccl::{self, Func};
 use crate::record::{self, Row};
 
 /// A series to fit: the rows of one backend, transport, collective, world size and placement.
@@ -23,10 +24,8 @@ pub struct Series {
 /// NCCL its ring (a pipelined chain for broadcast), the algorithm of its bandwidth regime.
 fn asked_algo(row: &Row) -> Option<Algo> {
     if row.backend != "cpu" {
-        return Some(match row.collective() {
-            Some(Collective::Broadcast) => Algo::Chain,
-            _ => Algo::Ring,
-        });
+        let nccl = row.collective().and_then(nccl::func);
+        return Some(nccl.map_or(Algo::Ring, Func::ring_as_cpu));
     }
     Algo::ALL.iter().copied().find(|a| {
         row.backend_version

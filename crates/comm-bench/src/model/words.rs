@@ -9,7 +9,6 @@ use comm_core::timing::median;
 
 use super::fit::{Fit, Model};
 use super::machine::Machine;
-use super::paths::structure_text;
 use crate::units::human_bytes;
 
 /// A size in words: a measured size as the sweep names it (64 KiB), a fitted one to three
@@ -52,12 +51,10 @@ fn gbps(v: f64) -> String {
 /// words what the fit shows.
 pub fn describe(label: &str, fit: &Fit, machine: Option<&Machine>, table: bool) -> String {
     let m = &fit.model;
-    let mut algos: Vec<&str> = fit.points.iter().map(|p| p.path.algo).collect();
-    algos.dedup();
-    let mut out = format!(
-        "{label}: {}\n",
-        structure_text(fit.shape.collective, &algos)
-    );
+    // Each algorithm's counts in words, as comm-core describes it, in the order the sizes meet them.
+    let mut counted: Vec<&str> = fit.points.iter().map(|p| p.path.words).collect();
+    counted.dedup();
+    let mut out = format!("{label}: {}\n", counted.join("; "));
     let mut bandwidth = match m.switch_bytes {
         Some(at) if m.cache_gbps.is_finite() => format!(
             "B = {} below {}, {} from it on",

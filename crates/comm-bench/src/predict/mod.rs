@@ -85,7 +85,7 @@ pub struct PredictArgs {
 
 /// `--collectives`' help: the collectives NCCL's model covers, as its table names them.
 fn collectives_help() -> String {
-    let names: Vec<&str> = nccl::MODELLED.iter().map(|c| c.name()).collect();
+    let names: Vec<&str> = nccl::modelled().map(|c| c.name()).collect();
     format!(
         "Collectives, comma-separated: {}, or \"all\" [default: all_reduce]",
         names.join(", ")
@@ -471,7 +471,7 @@ mod tests {
     #[test]
     fn the_rows_take_root_and_reduction_from_the_table() {
         let system = System::load("leonardo").unwrap();
-        for c in nccl::MODELLED {
+        for c in nccl::modelled() {
             let line = &predict(&system, 1, c, &[1 << 20], false)[0];
             let d = c.describe();
             assert_eq!(line.row.root, if d.rooted { 0 } else { -1 }, "{}", c.name());

@@ -12,7 +12,7 @@ mod tcp;
 mod traced;
 mod transport;
 
-pub use algorithms::{chosen, Algo, CHAIN_SEGMENT_BYTES};
+pub use algorithms::{algos_of, chosen, schedule, schedules, Algo, Schedule, CHAIN_SEGMENT_BYTES};
 pub use channel::ChannelTransport;
 pub use connected::{Connected, CopyChoice, TransportChoice, Wiring};
 pub use shm::{remove_own_segments, ShmTcpTransport};
@@ -20,21 +20,9 @@ pub use tcp::TcpTransport;
 pub use traced::Traced;
 pub use transport::{threaded_send_recv_with, CallScope, Sink, Transport, PIECE_BYTES};
 
-use crate::collective::Collective;
 use crate::error::{CommError, Result};
 use crate::named::Named;
 use crate::store::Scoped;
-
-/// The algorithms `--algo` can name for `collective`: those [`algorithms::run`] chooses between
-/// for it (see [`chosen`]). A program refuses any other at launch (`settings::algo_flag`).
-pub fn algos_of(collective: Collective) -> &'static [Algo] {
-    match collective {
-        Collective::AllReduce => &[Algo::Ring, Algo::Direct],
-        Collective::Broadcast => &[Algo::Tree, Algo::Chain],
-        Collective::AllGather | Collective::ReduceScatter => &[Algo::Ring],
-        _ => &[],
-    }
-}
 
 /// Connects this rank to every peer through the store in `scope` (TCP links listening on
 /// `ip`, see [`TcpTransport::connect_on`]), then, as `wiring`'s transport says, moves the pairs
@@ -90,23 +78,4 @@ fn agree_on_copy(scope: &Scoped, rank: usize, copy: CopyChoice) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `algos_of` lists exactly the algorithms that asking for runs at every size: the same
-    /// rule as the dispatch, so `--algo` is refused only where it would be ignored.
-    #[test]
-    fn a_collectives_algorithms_are_those_the_dispatch_obeys() {
-        for c in Collective::ALL {
-            for &a in Algo::ALL {
-                let obeyed = [0, 1 << 30]
-                    .iter()
-                    .all(|&b| chosen(c, b, 4, Some(a)) == Some(a));
-                assert_eq!(algos_of(c).contains(&a), obeyed, "{c} {}", a.name());
-            }
-        }
-    }
 }

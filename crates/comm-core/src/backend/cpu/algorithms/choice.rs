@@ -43,15 +43,19 @@ impl Named for Algo {
 }
 
 /// The algorithm the CPU backend runs for `collective` on `bytes` (the call's size, as the
-/// table counts it) and `n` ranks, given `--algo` (`asked`): the same rule the calls follow,
-/// for what explains their times (comm-bench's model). `None` where a collective has no named
-/// algorithm.
+/// table counts it) and `n` ranks, given `--algo` (`asked`): the same rule the calls follow.
+/// `None` where a collective has no named algorithm. No `_`: a new collective does not build
+/// until it is placed here.
 pub fn chosen(collective: Collective, bytes: usize, n: usize, asked: Option<Algo>) -> Option<Algo> {
     match collective {
         Collective::AllReduce => Some(all_reduce_algo(asked, bytes, n.max(1))),
         Collective::Broadcast => Some(broadcast_algo(asked, bytes)),
         Collective::AllGather | Collective::ReduceScatter => Some(Algo::Ring),
-        _ => None,
+        Collective::Reduce
+        | Collective::SendRecv
+        | Collective::AllToAll
+        | Collective::Gather
+        | Collective::Scatter => None,
     }
 }
 

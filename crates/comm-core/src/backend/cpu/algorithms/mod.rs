@@ -22,7 +22,9 @@
 //! One file per family, as Gloo keeps one per algorithm: [`ring`] (all_reduce's ring,
 //! reduce_scatter, all_gather), [`direct`] (all_reduce's one-step exchange), [`tree`] (broadcast's
 //! tree and chain, the small reduce's tree), [`rooted`] (reduce, gather, scatter), [`all_to_all`],
-//! [`barrier`]; [`choice`] picks by name or size, [`blocks`] and [`scratch`] serve them all.
+//! [`barrier`]. Beside a named algorithm's function, its [`Schedule`]: its steps and bytes, which
+//! the function, `--steps` and comm-bench's model read; [`schedules`] lists each collective's.
+//! [`choice`] picks by name or size, [`blocks`] and [`scratch`] serve them all.
 
 mod all_to_all;
 mod barrier;
@@ -31,8 +33,11 @@ mod choice;
 mod direct;
 mod ring;
 mod rooted;
+mod schedule;
 mod scratch;
 mod tree;
+
+use std::sync::OnceLock;
 
 use bytemuck::{cast_slice, cast_slice_mut};
 
@@ -45,7 +50,12 @@ pub use ring::{
     ring_all_gather, ring_reduce_scatter, Partials,
 };
 pub use rooted::{gather, reduce, reduce_into, scatter};
+pub use schedule::Schedule;
 pub use tree::{broadcast, broadcast_into};
+
+use direct::DIRECT_ALL_REDUCE;
+use ring::{RING_ALL_GATHER, RING_ALL_REDUCE, RING_REDUCE_SCATTER};
+use tree::{CHAIN_BROADCAST, TREE_BROADCAST};
 
 use crate::backend::cpu::transport::Transport;
 use crate::collective::{Call, Checked, Collective};
@@ -54,7 +64,8 @@ use crate::error::{CommError, Result};
 
 /// Runs one checked call of the collective table on this rank's host slices (`send` `None`: in
 /// place, `recv` is the one buffer), with the algorithm `algo` names where it names one of the
-/// collective's: the CPU backend's one dispatch.
+/// collective's: the CPU backend's one dispatch. No `_`: a new collective does not build until
+/// it has an arm here.
 pub fn run<T: Element>(
     t: &dyn Transport,
     checked: &Checked,
@@ -82,6 +93,78 @@ pub fn run<T: Element>(
         (Collective::AllToAll, Some(send)) => all_to_all(t, send, recv, count),
         (Collective::Gather, send) => gather(t, send, recv, root, count),
         (Collective::Scatter, send) => scatter(t, send, recv, root, count),
-        (c, None) => Err(CommError::Usage(format!("{c} has no in-place form"))),
+        // `Call::check` lets no in-place call of these through; said again rather than trusted.
+        (c @ (Collective::SendRecv | Collective::AllToAll), None) => {
+            Err(CommError::Usage(format!("{c} has no in-place form")))
+        }
+    }
+}
+
+/// `collective`'s named algorithms, each described ([`Schedule`]) beside the function that runs
+/// it: the algorithms `--algo` can name for it and comm-bench's model counts, in the order a
+/// refused `--algo` lists them. No `_`: a new collective does not build until it is placed here.
+pub fn schedules(collective: Collective) -> &'static [Schedule] {
+    match collective {
+        Collective::AllReduce => &[RING_ALL_REDUCE, DIRECT_ALL_REDUCE],
+        Collective::AllGather => &[RING_ALL_GATHER],
+        Collective::ReduceScatter => &[RING_REDUCE_SCATTER],
+        Collective::Broadcast => &[TREE_BROADCAST, CHAIN_BROADCAST],
+        // Each runs as its function says, with no name to choose by and no description yet:
+        // `comm-bench model` skips them.
+        Collective::Reduce
+        | Collective::SendRecv
+        | Collective::AllToAll
+        | Collective::Gather
+        | Collective::Scatter => &[],
+    }
+}
+
+/// The algorithms `--algo` can name for `collective`: its [`schedules`]' names. A program
+/// refuses any other at launch (`settings::algo_flag`).
+pub fn algos_of(collective: Collective) -> &'static [Algo] {
+    // Kept for the program's life, so that a caller holds a slice as `schedules` gives one.
+    static NAMES: OnceLock<Vec<Vec<Algo>>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        let names_of = |c: Collective| schedules(c).iter().map(|s| s.algo).collect();
+        Collective::ALL.into_iter().map(names_of).collect()
+    });
+    &names[collective as usize]
+}
+
+/// The description of the algorithm [`chosen`] runs: what explains a call's time (comm-bench's
+/// model). `None` where a collective has no named algorithm.
+pub fn schedule(
+    collective: Collective,
+    bytes: usize,
+    n: usize,
+    asked: Option<Algo>,
+) -> Option<&'static Schedule> {
+    let algo = chosen(collective, bytes, n, asked)?;
+    schedules(collective).iter().find(|s| s.algo == algo)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::named::Named;
+
+    /// `algos_of` lists exactly the algorithms that asking for runs at every size: the same
+    /// rule as the dispatch, so `--algo` is refused only where it would be ignored; and what runs
+    /// is described, as its own collective's.
+    #[test]
+    fn a_collectives_algorithms_are_those_the_dispatch_obeys() {
+        for c in Collective::ALL {
+            for &a in Algo::ALL {
+                let obeyed = [0, 1 << 30]
+                    .iter()
+                    .all(|&b| chosen(c, b, 4, Some(a)) == Some(a));
+                assert_eq!(algos_of(c).contains(&a), obeyed, "{c} {}", a.name());
+            }
+            for bytes in [0, 1 << 10, 1 << 20, 1 << 30] {
+                let described = schedule(c, bytes, 4, None).map(|s| (s.collective, s.algo));
+                let runs = chosen(c, bytes, 4, None).map(|a| (c, a));
+                assert_eq!(described, runs, "{c} at {bytes} bytes");
+            }
+        }
     }
 }

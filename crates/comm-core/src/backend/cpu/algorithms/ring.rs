@@ -1,5 +1,5 @@
 //! The ring: all_reduce (the direct exchange while little data moves), reduce_scatter and
-//! all_gather, and the ring steps a large reduce reuses.
+//! all_gather, and the ring steps a large reduce reuses; each ring's [`Schedule`] above it.
 
 use std::ops::Range;
 
@@ -8,16 +8,52 @@ use bytemuck::{cast_slice, cast_slice_mut};
 use super::blocks::{equal_blocks, nearly_equal_blocks, split_pair, split_pair_mut};
 use super::choice::{all_reduce_algo, Algo};
 use super::direct::direct_all_reduce;
+use super::schedule::{nothing, Schedule};
 use super::scratch::with_scratch;
 use crate::backend::cpu::transport::{CallScope, Transport};
+use crate::collective::Collective;
 use crate::dtype::{self, finish, reduce_pair, Element, ReduceOp};
 use crate::error::Result;
 use crate::steps;
 use crate::streaming::{copy, Stores};
 use crate::trace;
 
+// ANCHOR: schedules
+/// The ring all-reduce: a ring reduce-scatter, then a ring all-gather of the reduced blocks.
+pub const RING_ALL_REDUCE: Schedule = Schedule {
+    collective: Collective::AllReduce,
+    algo: Algo::Ring,
+    words: "ring: 2(n−1) steps of s/n",
+    steps: |bytes, n| RING_REDUCE_SCATTER.steps(bytes, n) + RING_ALL_GATHER.steps(bytes, n),
+    link_bytes: |s, n| (RING_REDUCE_SCATTER.link_bytes)(s, n) + (RING_ALL_GATHER.link_bytes)(s, n),
+    reduced_bytes: |s, n| (RING_REDUCE_SCATTER.reduced_bytes)(s, n),
+};
+
+/// The ring reduce-scatter: n−1 steps, in each of which every rank sends one block (s/n) to the
+/// next rank and reduces the block that arrives from the previous one.
+pub const RING_REDUCE_SCATTER: Schedule = Schedule {
+    collective: Collective::ReduceScatter,
+    algo: Algo::Ring,
+    words: "ring: n−1 steps of s/n",
+    steps: |_, n| n.saturating_sub(1),
+    link_bytes: |s, n| (n - 1.0) * (s / n),
+    reduced_bytes: |s, n| (n - 1.0) * (s / n),
+};
+
+/// The ring all-gather: n−1 steps, in each of which every rank passes one block (s/n) on to
+/// the next rank.
+pub const RING_ALL_GATHER: Schedule = Schedule {
+    collective: Collective::AllGather,
+    algo: Algo::Ring,
+    words: "ring: n−1 steps of s/n",
+    steps: |_, n| n.saturating_sub(1),
+    link_bytes: |s, n| (n - 1.0) * (s / n),
+    reduced_bytes: nothing,
+};
+// ANCHOR_END: schedules
+
 /// Every rank ends with the reduction of all ranks' `buf`: the direct exchange while little
-/// data moves, else ring reduce-scatter then ring all-gather.
+/// data moves, else ring reduce-scatter then ring all-gather ([`RING_ALL_REDUCE`]).
 pub fn all_reduce<T: Element>(
     t: &dyn Transport,
     buf: &mut [T],
@@ -115,7 +151,8 @@ pub fn ring_reduce_scatter<T: Element>(
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
     let whole = blocks.last().map_or(0, |b| b.end) * std::mem::size_of::<T>();
     let stores = Stores::for_destination(whole);
-    for step in 0..n - 1 {
+    let total = RING_REDUCE_SCATTER.steps(whole, n);
+    for step in 0..total {
         let send_block = blocks[(rank + 2 * n - step - 1) % n].clone();
         let recv_block = blocks[(rank + 2 * n - step - 2) % n].clone();
         match &mut partials {
@@ -148,10 +185,9 @@ pub fn ring_reduce_scatter<T: Element>(
         }
         let title = || {
             format!(
-                "reduce-scatter, step {} of {}: each rank sent one block to the next and added \
-                 the block it got",
+                "reduce-scatter, step {} of {total}: each rank sent one block to the next and \
+                 added the block it got",
                 step + 1,
-                n - 1
             )
         };
         steps::after(title, cast_slice(partials.sums()))?;
@@ -215,7 +251,8 @@ fn ring_all_gather_steps<T: Element>(
 ) -> Result<()> {
     let (n, rank) = (t.world_size(), t.rank());
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-    for step in first..n - 1 {
+    let total = RING_ALL_GATHER.steps(std::mem::size_of_val(buf), n);
+    for step in first..total {
         let send_block = blocks[(rank + n - step) % n].clone();
         let recv_block = blocks[(rank + 2 * n - step - 1) % n].clone();
         let (outgoing, incoming) = split_pair(buf, send_block, recv_block);
@@ -223,15 +260,11 @@ fn ring_all_gather_steps<T: Element>(
         // Step 1 sends the rank's own block (in an all-reduce, the one it finished summing);
         // every later step passes on the block that arrived in the step before.
         let title = || match step {
-            0 => format!(
-                "all-gather, step 1 of {}: each rank sent its own block to the next",
-                n - 1
-            ),
+            0 => format!("all-gather, step 1 of {total}: each rank sent its own block to the next"),
             _ => format!(
-                "all-gather, step {} of {}: each rank sent the block it got in step {} to the next",
+                "all-gather, step {} of {total}: each rank sent the block it got in step {step} \
+                 to the next",
                 step + 1,
-                n - 1,
-                step
             ),
         };
         steps::after(title, cast_slice(buf))?;

@@ -1,16 +1,51 @@
-//! Tree and chain: broadcast as a binomial tree (small) or a pipelined chain (large), and the
-//! binomial tree a small reduce takes towards its root.
+//! Tree and chain: broadcast as a binomial tree (small) or a pipelined chain (large), each with
+//! its [`Schedule`], and the binomial tree a small reduce takes towards its root.
 
 use bytemuck::{cast_slice, cast_slice_mut};
 
 use super::blocks::{absolute, relative, split_pair};
 use super::choice::{broadcast_algo, Algo, SEGMENT_BYTES};
+use super::schedule::{nothing, Schedule};
 use crate::backend::cpu::transport::{CallScope, Transport};
+use crate::collective::Collective;
 use crate::dtype::{self, Element, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::steps;
 use crate::streaming::{copy, Stores};
 use crate::trace;
+
+/// The binomial-tree broadcast: ⌈log2 n⌉ rounds, each sending the whole buffer on.
+pub const TREE_BROADCAST: Schedule = Schedule {
+    collective: Collective::Broadcast,
+    algo: Algo::Tree,
+    words: "tree: ⌈log2 n⌉ steps of s",
+    steps: |_, n| tree_rounds(n),
+    link_bytes: |s, n| tree_rounds(n as usize) as f64 * s,
+    reduced_bytes: nothing,
+};
+
+/// The pipelined chain: k segments (of [`SEGMENT_BYTES`], or the whole buffer if shorter) passed
+/// down a line of n ranks, the first arriving at the end after n−1 steps and one more after each
+/// further step: n−2+k steps; a middle rank's link carries the buffer once, and the last n−2
+/// segments wait behind the one in flight.
+pub const CHAIN_BROADCAST: Schedule = Schedule {
+    collective: Collective::Broadcast,
+    algo: Algo::Chain,
+    words: "chain: n−2+k steps of a 1 MiB segment, k segments",
+    steps: |bytes, n| (chain_segments(bytes) + n).saturating_sub(2),
+    link_bytes: |s, n| s + (n - 2.0) * s.max(1.0).min(SEGMENT_BYTES as f64),
+    reduced_bytes: nothing,
+};
+
+/// The tree's rounds on `n` ranks: ⌈log2 n⌉, the holders doubling every round.
+fn tree_rounds(n: usize) -> usize {
+    n.next_power_of_two().trailing_zeros() as usize
+}
+
+/// The chain's segments for a buffer of `bytes`: at least one, even for no bytes.
+fn chain_segments(bytes: usize) -> usize {
+    bytes.div_ceil(SEGMENT_BYTES).max(1)
+}
 
 /// Copies the root's `buf` to every rank: a binomial tree up to 4 MiB, a pipelined chain above
 /// (the rule and its measurements: `choice.rs`), or the one `algo` names.
@@ -67,7 +102,7 @@ pub fn broadcast_into<T: Element>(
 /// that hold it double every round.
 fn tree_broadcast(t: &dyn Transport, bytes: &mut [u8], root: usize) -> Result<()> {
     let (n, vr) = (t.world_size(), relative(t.rank(), root, t.world_size()));
-    let rounds = n.next_power_of_two().trailing_zeros() as usize;
+    let rounds = TREE_BROADCAST.steps(bytes.len(), n);
     for round in 0..rounds {
         let far = 1 << (rounds - 1 - round);
         // Ranks at multiples of 2·far hold the buffer; those at an odd multiple of far get it.
@@ -96,11 +131,10 @@ fn tree_broadcast(t: &dyn Transport, bytes: &mut [u8], root: usize) -> Result<()
 /// round at a time.
 fn chain_broadcast_in_rounds(t: &dyn Transport, bytes: &mut [u8], root: usize) -> Result<()> {
     let (n, vr) = (t.world_size(), relative(t.rank(), root, t.world_size()));
-    let segments = bytes.len().div_ceil(SEGMENT_BYTES).max(1);
-    let len = bytes.len();
+    let (len, segments) = (bytes.len(), chain_segments(bytes.len()));
     let segment = |k: usize| k * SEGMENT_BYTES..((k + 1) * SEGMENT_BYTES).min(len);
     let (next, prev) = (absolute(vr + 1, root, n), absolute(vr + n - 1, root, n));
-    let rounds = segments + n - 2;
+    let rounds = CHAIN_BROADCAST.steps(len, n);
     for round in 0..rounds {
         let outgoing = round
             .checked_sub(vr)
