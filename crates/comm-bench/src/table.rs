@@ -3,6 +3,7 @@
 //! average bus bandwidth.
 
 use comm_core::timing::{Average, Waiting};
+use comm_core::Collective;
 
 use crate::plan::Plan;
 use crate::record::{Row, RunInfo};
@@ -48,11 +49,17 @@ pub fn header(info: &RunInfo, collective: &str, plan: &Plan) -> String {
 /// says so where the NCCL that ran has the call, so that its rows are compared with nccl-tests
 /// knowingly. None elsewhere. `backend_version` is the rows' (`NCCL 2.28.3`).
 pub fn nccl_call_note(collective: &str, backend_version: &str) -> Option<String> {
-    let call = match collective {
-        "alltoall" => "ncclAlltoAll",
-        "gather" => "ncclGather",
-        "scatter" => "ncclScatter",
-        _ => return None,
+    // No `_`: a new collective says here whether NCCL 2.28 gave it a call of its own.
+    let call = match collective.parse::<Collective>().ok()? {
+        Collective::AllToAll => "ncclAlltoAll",
+        Collective::Gather => "ncclGather",
+        Collective::Scatter => "ncclScatter",
+        Collective::AllReduce
+        | Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::Broadcast
+        | Collective::Reduce
+        | Collective::SendRecv => return None,
     };
     let version = backend_version.strip_prefix("NCCL ")?;
     let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
