@@ -10,12 +10,11 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream};
 use cudarc::nccl::{result, sys};
 
 use super::batch::{Batching, Wait};
-use super::errors::{cuda, nccl};
+use super::errors::{cuda, nccl, quietly};
 use super::gpu_trace::GpuTrace;
 use super::group_safe::{self, GroupSafe, Groups};
 use super::id::{id_from_bytes, new_unique_id};
 use super::init::init_rank;
-use super::probe::quietly;
 use super::watchdog::{self, async_state, Arming, Watchdog};
 use crate::collective::{Call, Collective};
 use crate::dtype::Element;

@@ -1,14 +1,14 @@
 //! Whether NCCL can run here: a CUDA driver, a visible GPU, libnccl. Asked one question at a
-//! time, and never allowed to panic (cudarc panics when a library it loads at run time is
-//! missing; [`quietly`] turns that into a reason).
+//! time ([`Machine`]), and never allowed to panic (cudarc panics when a library it loads at run
+//! time is missing; [`quietly`] turns that into a reason). What libnccl's files are and where
+//! they lie is [`library`]'s: the probe asks it, never the other way round.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
 use cudarc::driver::CudaContext;
 use cudarc::nccl::result;
 
-use super::errors::{driver_error, nccl_error};
+use super::errors::{driver_error, nccl_error, quietly};
 use super::library;
 
 /// What this machine offers NCCL.
@@ -25,21 +25,6 @@ pub enum Probe {
     Unavailable(String),
     /// Only `libnccl.so.2` was found: restart with a `libnccl.so` link to it.
     Relink(PathBuf),
-}
-
-/// Runs `f`, turning a panic (cudarc's answer to a missing library) into an error message.
-pub(super) fn quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let outcome = catch_unwind(AssertUnwindSafe(f));
-    std::panic::set_hook(hook);
-    outcome.map_err(|payload| {
-        payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "unknown failure".into())
-    })
 }
 
 /// What the probe asks of the machine, one question at a time (so later ones are only asked
