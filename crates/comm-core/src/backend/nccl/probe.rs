@@ -40,6 +40,8 @@ pub trait Machine {
     fn nccl_load_error(&self) -> String;
     /// Whether this process is already the restart with a `libnccl.so` link.
     fn relinked(&self) -> bool;
+    /// The `libnccl.so.2` NCCL_LIBRARY names, if it exists (see [`library::given`]).
+    fn library_given(&self) -> Option<PathBuf>;
     /// A `libnccl.so.2` to link to, if there is one (see [`library::find`]).
     fn find_libnccl_so2(&self) -> Option<PathBuf>;
     /// libnccl's version as `major.minor.patch`, or why it could not be asked.
@@ -79,6 +81,9 @@ impl<F: Fn(&str) -> Option<String>> Machine for ThisMachine<F> {
     }
     fn relinked(&self) -> bool {
         library::relinked(&self.0)
+    }
+    fn library_given(&self) -> Option<PathBuf> {
+        library::given(&self.0)
     }
     fn find_libnccl_so2(&self) -> Option<PathBuf> {
         library::find(&self.0)
@@ -171,6 +176,9 @@ mod tests {
         }
         fn relinked(&self) -> bool {
             self.relinked
+        }
+        fn library_given(&self) -> Option<PathBuf> {
+            unreachable!("the probe leaves NCCL_LIBRARY to the start")
         }
         fn find_libnccl_so2(&self) -> Option<PathBuf> {
             self.so2.clone()

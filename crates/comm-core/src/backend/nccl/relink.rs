@@ -34,14 +34,18 @@ pub enum AtStart {
 }
 
 /// Whether this process must restart with a `libnccl.so` link. The questions are asked cheapest
-/// first, and later ones only when needed: the restart guard, the driver, whether `libnccl.so`
-/// loads, and only then the search for `libnccl.so.2` (which may ask Python).
+/// first, and later ones only when needed: the restart guard, the driver, the library
+/// NCCL_LIBRARY names (the user's choice wins over a `libnccl.so` that loads), whether
+/// `libnccl.so` loads, and only then the search for `libnccl.so.2` (which may ask Python).
 pub fn decide_at_start(machine: &impl Machine, when: When) -> AtStart {
     if machine.relinked() {
         return AtStart::Stay("already restarted with the link");
     }
     if when == When::DriverPresent && !machine.has_driver() {
         return AtStart::Stay("no CUDA driver: NCCL cannot run here");
+    }
+    if let Some(given) = machine.library_given() {
+        return AtStart::Restart(given);
     }
     if machine.nccl_loadable() {
         return AtStart::Stay("libnccl.so loads as it is");
@@ -88,6 +92,7 @@ mod tests {
     struct Start {
         relinked: bool,
         driver: Option<bool>,
+        given: Option<Option<PathBuf>>,
         loadable: Option<bool>,
         so2: Option<Option<PathBuf>>,
     }
@@ -108,6 +113,11 @@ mod tests {
         fn relinked(&self) -> bool {
             self.relinked
         }
+        fn library_given(&self) -> Option<PathBuf> {
+            self.given
+                .clone()
+                .expect("asked for NCCL_LIBRARY's library")
+        }
         fn find_libnccl_so2(&self) -> Option<PathBuf> {
             self.so2.clone().expect("searched for libnccl.so.2")
         }
@@ -122,6 +132,7 @@ mod tests {
         let only_so2 = Start {
             relinked: false,
             driver: Some(true),
+            given: Some(None),
             loadable: Some(false),
             so2: Some(Some(so2.clone())),
         };
@@ -135,6 +146,7 @@ mod tests {
         let restarted = Start {
             relinked: true,
             driver: None,
+            given: None,
             loadable: None,
             so2: None,
         };
@@ -147,39 +159,31 @@ mod tests {
         // No driver: programs skip (no dlopen of NCCL, no search); the probe still links.
         let no_driver = Start {
             driver: Some(false),
+            given: None,
+            loadable: None,
+            so2: None,
             ..only_so2
         };
         assert_eq!(
-            decide_at_start(
-                &Start {
-                    loadable: None,
-                    so2: None,
-                    ..no_driver
-                },
-                When::DriverPresent
-            ),
+            decide_at_start(&no_driver, When::DriverPresent),
             AtStart::Stay("no CUDA driver: NCCL cannot run here")
         );
-        let no_driver = Start {
-            driver: Some(false),
+        let probe_without_driver = Start {
+            driver: None,
+            given: Some(None),
             loadable: Some(false),
             so2: Some(Some(so2.clone())),
-            relinked: false,
+            ..no_driver
         };
         assert_eq!(
-            decide_at_start(
-                &Start {
-                    driver: None,
-                    ..no_driver
-                },
-                When::Always
-            ),
+            decide_at_start(&probe_without_driver, When::Always),
             AtStart::Restart(so2.clone())
         );
         // libnccl.so loads already: no search.
         let loads = Start {
             relinked: false,
             driver: Some(true),
+            given: Some(None),
             loadable: Some(true),
             so2: None,
         };
@@ -189,14 +193,44 @@ mod tests {
         );
         // Nothing to link.
         let none = Start {
-            relinked: false,
-            driver: Some(true),
             loadable: Some(false),
             so2: Some(None),
+            ..loads
         };
         assert_eq!(
             decide_at_start(&none, When::Always),
             AtStart::Stay("no libnccl.so.2 found")
         );
+    }
+
+    #[test]
+    fn the_library_nccl_library_names_wins_over_a_libnccl_so_that_loads() {
+        // A fork (NCCLX, say) named by NCCL_LIBRARY beside the system's libnccl.so: the start
+        // links the fork, without asking whether libnccl.so loads or searching.
+        let fork = PathBuf::from("/opt/ncclx/lib/libnccl.so.2");
+        let beside_the_system = Start {
+            relinked: false,
+            driver: Some(true),
+            given: Some(Some(fork.clone())),
+            loadable: None,
+            so2: None,
+        };
+        for when in [When::DriverPresent, When::Always] {
+            assert_eq!(
+                decide_at_start(&beside_the_system, when),
+                AtStart::Restart(fork.clone())
+            );
+        }
+        // Once restarted with it, never again (the link is first on LD_LIBRARY_PATH).
+        let restarted = Start {
+            relinked: true,
+            driver: None,
+            given: None,
+            ..beside_the_system
+        };
+        assert!(matches!(
+            decide_at_start(&restarted, When::DriverPresent),
+            AtStart::Stay(_)
+        ));
     }
 }

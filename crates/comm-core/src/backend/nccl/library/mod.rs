@@ -12,7 +12,7 @@ mod files;
 mod version;
 
 pub use files::{
-    candidates, ensure_private_dir, find, link_folder, load_error, loadable, loaded_from,
+    candidates, ensure_private_dir, find, given, link_folder, load_error, loadable, loaded_from,
     reexec_with, relinked, restart_with_link, INSTALL_HINT,
 };
 pub use version::{version_string, version_string_in};
