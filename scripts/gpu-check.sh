@@ -141,8 +141,10 @@ check() {
   verdict=PASS
   if [ "$expect" = 0 ] && [ "$status" -ne 0 ]; then verdict=FAIL; fi
   if [ "$expect" = fail ] && [ "$status" -eq 0 ]; then verdict=FAIL; fi
+  # (grep reads it all: with -q it would stop at the first match, and awk's broken pipe would
+  # fail the pipeline under pipefail.)
   if ! awk -v from="${FROM:-}" 'from == "" || $0 ~ from { on = 1 } on' "$LOGS/$name.log" |
-    grep -Eq -- "$pattern"; then verdict=FAIL; fi
+    grep -E -- "$pattern" >/dev/null; then verdict=FAIL; fi
   if grep -q "panicked" "$LOGS/$name.log"; then verdict=FAIL; fi
   [ "$verdict" = FAIL ] && failures=$((failures + 1))
   rows+=("$(printf '%-28s %-5s %6s %8sms' "$name" "$verdict" "$status" "$(((end - start) / 1000000))")")
