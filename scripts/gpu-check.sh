@@ -4,11 +4,23 @@
 #
 #   here:   cargo build --release                # every program, nccl-probe and collective-check too
 #   there:  bash scripts/gpu-check.sh            # BIN_DIR=target/release by default
+#           bash scripts/gpu-check.sh --which-nccl   # which NCCL the checks would use, only
 #
-# What a GPU must show: every collective correct; comm-bench at -z 0, 1 and 3, -a 0 to 3 and
-# -I 1 with no wrong element; a rank killed mid-collective ending the others within their
-# --timeout + 2 s, naming it; a too-large -e refused size by size; 03 on GPU buffers, and 03's
-# ranks agreeing on one backend when one of them cannot run NCCL; the trace's GPU slices.
+# What a GPU must show: every collective correct, the After grids of 01 and 02 (only the After:
+# on one rank the Before grid holds the same numbers), and a result only the collective can make
+# (a float Avg all-reduce into a zeroed buffer: NCCL runs a kernel for it even on one rank);
+# comm-bench at -z 0, 1 and 3, -a 0 to 3, -I 1 (with -z 0 too) and -m 2 (calls aggregated in one
+# NCCL group per iteration) with no wrong element; a rank killed mid-collective ending the others
+# within their --timeout + 2 s, naming it; a too-large -e refused size by size; 03 on GPU
+# buffers, and 03's ranks agreeing on one backend when one of them cannot run NCCL; the trace's
+# GPU slices.
+#
+# Which NCCL: NCCL_LIBRARY where set; else the nvidia-nccl wheel of the Python that holds PyTorch
+# (a GPU machine's python3 on PATH, whose PyTorch for CUDA 13 brings nvidia-nccl-cu13; then the
+# course's torch environment, scripts/torch-env.sh dir). The script says which it uses (the
+# wheel, its version, the Python), exports NCCL_LIBRARY so that every program loads that one,
+# and checks that nccl-probe loaded it. Without either, each program searches as nccl-probe
+# shows. --which-nccl says which and exits, 1 when none is named.
 #
 # Every program gets --timeout $PROGRAM_TIMEOUT (60 s), and each check is killed only after
 # $CHECK_LIMIT (120 s), so a hang meets the program's own timeout, abort and watchdog first.
@@ -21,6 +33,72 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 BIN_DIR=${BIN_DIR:-target/release}
 BACKEND=${BACKEND:-nccl}
+
+# What a Python is asked: its nvidia-nccl wheel's libnccl.so.2, the wheel and its version, and
+# which Python it is (tab-separated); nothing when it has no such wheel.
+ASK_PYTHON='
+import importlib.metadata as metadata, os, sys
+import nvidia.nccl
+lib = os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2")
+wheel = "nvidia.nccl"
+for name in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
+    try:
+        wheel = name + " " + metadata.version(name)
+        break
+    except metadata.PackageNotFoundError:
+        pass
+if os.path.isfile(lib):
+    print(lib, wheel, sys.executable, sep="\t")
+'
+
+# find_nccl: sets NCCL_FOUND (the libnccl.so.2 to use) and NCCL_FROM (where it came from, in
+# words), or returns 1 when neither NCCL_LIBRARY nor a Python's wheel names one. An NCCL_LIBRARY
+# that names no library (a file, or a folder holding libnccl.so.2) ends the script.
+find_nccl() {
+  if [ -n "${NCCL_LIBRARY:-}" ]; then
+    NCCL_FOUND=$NCCL_LIBRARY NCCL_FROM="NCCL_LIBRARY"
+    [ -d "$NCCL_FOUND" ] && NCCL_FOUND=$NCCL_FOUND/libnccl.so.2
+    if [ ! -f "$NCCL_FOUND" ]; then
+      echo "gpu-check: NCCL_LIBRARY=$NCCL_LIBRARY names no library (neither a file nor a folder holding libnccl.so.2)" >&2
+      exit 2
+    fi
+    return 0
+  fi
+  local python answer lib wheel executable
+  for python in python3 "$(bash scripts/torch-env.sh dir)/bin/python"; do
+    answer=$("$python" -c "$ASK_PYTHON" 2>/dev/null) || continue
+    IFS=$'\t' read -r lib wheel executable <<<"$answer"
+    [ -f "$lib" ] || continue
+    NCCL_FOUND=$lib NCCL_FROM="$wheel, the wheel of $executable"
+    return 0
+  done
+  return 1
+}
+
+# use_nccl: says which libnccl the checks use, and why, and exports it as NCCL_LIBRARY (which
+# every program links and loads, even where another libnccl.so would load); fails when none.
+use_nccl() {
+  if find_nccl; then
+    echo "gpu-check: NCCL from $NCCL_FOUND ($NCCL_FROM)"
+    export NCCL_LIBRARY=$NCCL_FOUND
+  else
+    NCCL_FOUND=""
+    echo "gpu-check: NCCL_LIBRARY is not set and no python3 has an nvidia-nccl wheel: each program searches for libnccl itself (nccl-probe's libnccl line says what it found)"
+    return 1
+  fi
+}
+
+case ${1:-} in
+"") ;;
+--which-nccl)
+  use_nccl
+  exit
+  ;;
+*)
+  echo "gpu-check: unknown argument $1 (the only one is --which-nccl; settings are variables: BIN_DIR, BACKEND, GPUS, ...)" >&2
+  exit 2
+  ;;
+esac
 PROGRAM_TIMEOUT=${PROGRAM_TIMEOUT:-60}
 CHECK_LIMIT=${CHECK_LIMIT:-120}
 # The kill check's own, short --timeout: the others must end within it + 2 s.
@@ -43,12 +121,15 @@ if [ "${GPUS:-0}" -lt 1 ]; then
   exit 2
 fi
 echo "gpu-check: $GPUS GPU$([ "$GPUS" = 1 ] || echo s), backend $BACKEND, programs' --timeout $PROGRAM_TIMEOUT s, each check at most $CHECK_LIMIT s"
+NCCL_FOUND=""
+[ "$BACKEND" = nccl ] && use_nccl
 LOGS=${LOGS:-$(mktemp -d)}
 declare -a rows=()
 failures=0
 
 # check NAME EXPECT_STATUS(0|fail) GREP_PATTERN COMMAND...: runs COMMAND, keeps its output in
-# $LOGS/NAME.log, passes when the status matches and the output has GREP_PATTERN.
+# $LOGS/NAME.log, passes when the status matches and the output has GREP_PATTERN. With FROM set
+# (FROM='^After ' check ...), only the output from the first line matching FROM on is searched.
 check() {
   local name=$1 expect=$2 pattern=$3
   shift 3
@@ -60,7 +141,10 @@ check() {
   verdict=PASS
   if [ "$expect" = 0 ] && [ "$status" -ne 0 ]; then verdict=FAIL; fi
   if [ "$expect" = fail ] && [ "$status" -eq 0 ]; then verdict=FAIL; fi
-  if ! grep -Eq -- "$pattern" "$LOGS/$name.log"; then verdict=FAIL; fi
+  # (grep reads it all: with -q it would stop at the first match, and awk's broken pipe would
+  # fail the pipeline under pipefail.)
+  if ! awk -v from="${FROM:-}" 'from == "" || $0 ~ from { on = 1 } on' "$LOGS/$name.log" |
+    grep -E -- "$pattern" >/dev/null; then verdict=FAIL; fi
   if grep -q "panicked" "$LOGS/$name.log"; then verdict=FAIL; fi
   [ "$verdict" = FAIL ] && failures=$((failures + 1))
   rows+=("$(printf '%-28s %-5s %6s %8sms' "$name" "$verdict" "$status" "$(((end - start) / 1000000))")")
@@ -81,14 +165,27 @@ if [ "$BACKEND" = nccl ]; then
   # What the machine offers NCCL (driver, GPUs, libnccl and its version), shown first.
   check probe 0 "^--backend +auto gives backend: nccl" "$BIN_DIR/nccl-probe"
   cat "$LOGS/probe.log"
+  # The library the programs load is the one named above (the probe's libnccl line names the
+  # file it loaded, links resolved).
+  if [ -n "$NCCL_FOUND" ]; then
+    check nccl-used 0 "^libnccl +NCCL [0-9]" grep -F "from $(realpath "$NCCL_FOUND")" "$LOGS/probe.log"
+  fi
 fi
 check hello-world 0 "^backend: $BACKEND" "$BIN_DIR/00-hello-world" --backend "$BACKEND" -n "$n" --timeout "$PROGRAM_TIMEOUT"
-check broadcast 0 "Gpu $((n - 1)) +\| 42 +\| 42 +\| 42 +\| 42 +\|" "$BIN_DIR/01-broadcast" --backend "$BACKEND" -n "$n" \
-  --timeout "$PROGRAM_TIMEOUT"
-check allreduce 0 "Gpu $((n - 1)) +\| $n +\| $n +\| $n +\| $n +\|" "$BIN_DIR/02-allreduce" --backend "$BACKEND" -n "$n" \
-  --timeout "$PROGRAM_TIMEOUT"
+# 01 and 02: the last rank's row of the After grid (with one rank, the Before grid holds the same
+# numbers, so only the After grid is read; what only a collective can make is avg-written's).
+FROM='^After ' check broadcast 0 "Gpu $((n - 1)) +\| 42 +\| 42 +\| 42 +\| 42 +\|" \
+  "$BIN_DIR/01-broadcast" --backend "$BACKEND" -n "$n" --timeout "$PROGRAM_TIMEOUT"
+FROM='^After ' check allreduce 0 "Gpu $((n - 1)) +\| $n +\| $n +\| $n +\| $n +\|" \
+  "$BIN_DIR/02-allreduce" --backend "$BACKEND" -n "$n" --timeout "$PROGRAM_TIMEOUT"
 check collectives 0 "checks: [0-9]+ passed, 0 failed on $n ranks \($BACKEND\)" \
   "$BIN_DIR/collective-check" --backend "$BACKEND" -n "$n" --timeout "$PROGRAM_TIMEOUT"
+# A result only the collective can make, on any number of ranks: a float Avg all-reduce, out of
+# place, of 1048576 floats (nearly all of them not zero) into a receive buffer of zeros. On one rank
+# NCCL turns Avg of floats into a PreMulSum by 1/1 and launches its one-rank kernel for it
+# (src/enqueue.cc, hostToDevRedOp and taskAppend; src/device/onerank.cu), where an in-place sum
+# enqueues nothing at all.
+check avg-written 0 "^all_reduce avg float out-of-place +1048576 +0  PASS$" cat "$LOGS/collectives.log"
 # --trace: every rank's calls in one file (the CPU backend adds its sends and receives); on NCCL
 # each call also has a slice on the rank's GPU track, timed by CUDA events.
 check trace 0 '"cat":"call"' bash -c "'$BIN_DIR/02-allreduce' --backend '$BACKEND' -n '$n' \
@@ -144,9 +241,13 @@ if [ -n "$COMM_BENCH" ]; then
   bench=("$COMM_BENCH" --backend "$BACKEND" --world-sizes "$n" --collectives all -b 8
     -e "$bench_max" -f 32 -w 1 -n 5 --timeout "$PROGRAM_TIMEOUT")
   check bench-z0-a0 0 "Wrong elements +: 0 OK" "${bench[@]}" -z 0 -a 0
+  check bench-z0-I1 0 "Wrong elements +: 0 OK" "${bench[@]}" -z 0 -I 1
   check bench-z1-a1-I1 0 "Wrong elements +: 0 OK" "${bench[@]}" -z 1 -a 1 -I 1
   check bench-z3-a2-I1 0 "Wrong elements +: 0 OK" "${bench[@]}" -z 3 -a 2 -I 1
   check bench-z3-a3 0 "Wrong elements +: 0 OK" "${bench[@]}" -z 3 -a 3
+  # Two calls aggregated per timed iteration (nccl-tests' -m): on NCCL one ncclGroupStart/End
+  # each, waited for after its end: the group path, its group-safe buffers and deferred aborts.
+  check bench-m2-z1 0 "Wrong elements +: 0 OK" "${bench[@]}" -z 1 -m 2
   # -e far beyond any memory: 1 MiB is measured, 1 TiB + 1 MiB and 2 TiB + 1 MiB are skipped
   # one by one, each with the memory it would need (the GPU's on NCCL), and the run succeeds.
   memory=$([ "$BACKEND" = nccl ] && echo "GPU memory" || echo "host memory")

@@ -96,12 +96,28 @@ pub fn what_is_timed(info: &RunInfo) -> String {
     };
     format!(
         "# time: per call on the host clock, {} (-z {}); over ranks {} (-a {})\n\
-         # per iteration (median, min, max in --csv/--json): the slowest rank's; {iterations}\n",
+         # per iteration (median, min, max in --csv/--json): the slowest rank's; {iterations}\n{}",
         waiting.describe(),
         waiting.flag(),
         average.describe(),
         average.flag(),
+        barrier_note(waiting, &info.backend),
     )
+}
+
+/// Where the barrier -z 1 times differs from nccl-tests': on NCCL it goes through the
+/// communicator (an all-reduce of one int32, a kernel on the rank's stream, and a wait for it),
+/// where nccl-tests' `Barrier` (`src/common.cu`) is its threads' and MPI's, on the host, with
+/// no GPU work. Said under the header so that a -z 1 row is compared with nccl-tests knowingly.
+fn barrier_note(waiting: Waiting, backend: &str) -> &'static str {
+    match (waiting, backend) {
+        (Waiting::BarrierEach, "nccl") => {
+            "# barrier (-z 1): an NCCL all-reduce of one int32 and a wait for it, counted: each \
+             iteration adds a kernel and a GPU round trip that nccl-tests' host barrier does not; \
+             -z 3 leaves the barrier out\n"
+        }
+        _ => "",
+    }
 }
 
 /// A time in microseconds as nccl-tests prints it: fewer decimals as it grows.
@@ -248,6 +264,17 @@ mod tests {
             "{z3_events}"
         );
         assert!(said(0, 1, 1, "nccl").contains("one before each iteration and one after the last"));
+        // -z 1 on NCCL: the barrier is a collective on the GPU, unlike nccl-tests' host barrier.
+        let z1_nccl = said(1, 1, 0, "nccl");
+        assert!(
+            z1_nccl.ends_with(
+                "# barrier (-z 1): an NCCL all-reduce of one int32 and a wait for it, counted: \
+                 each iteration adds a kernel and a GPU round trip that nccl-tests' host barrier \
+                 does not; -z 3 leaves the barrier out\n"
+            ),
+            "{z1_nccl}"
+        );
+        assert_eq!(said(3, 1, 0, "nccl").lines().count(), 2);
         assert!(said(0, 1, 1, "cpu").contains("host clock, a mark before and after each"));
         for text in [z0, z1, z3] {
             assert_eq!(text.lines().count(), 2, "{text}");

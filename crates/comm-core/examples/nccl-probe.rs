@@ -4,11 +4,13 @@
 //!
 //! The steps are the ones `--backend auto` takes: the CUDA driver, the GPUs it sees, libnccl
 //! (pip's `libnccl.so.2` is linked as `libnccl.so` and the probe restarts itself at its start,
-//! through `library::link_at_start`, as every program does), and a unique Id, which needs NCCL
-//! but no GPU: the address inside it is where rank 0 would wait for the others.
+//! through `relink::link_at_start`, as every program does), and a unique Id, which needs NCCL
+//! but no GPU: the address inside it is where rank 0 would wait for the others. For libnccl it
+//! names the file loaded and the version string that file carries, which also names a fork
+//! (NCCLX, say) that NCCL_LIBRARY points at.
 
 use clap::Parser;
-use comm_core::backend::nccl::{self, library, Machine, ThisMachine};
+use comm_core::backend::nccl::{self, library, relink, Machine, ThisMachine};
 use comm_core::backend::{select, BackendChoice};
 
 #[derive(Parser)]
@@ -33,7 +35,7 @@ fn main() -> std::process::ExitCode {
     // libnccl.so and restart with the link on LD_LIBRARY_PATH (the loader reads it at start).
     // The start every program makes (backend::prepare), but even without a CUDA driver: loading
     // libnccl and making a unique Id need none, and that is what the probe shows.
-    if let Err(error) = library::link_at_start(library::When::Always) {
+    if let Err(error) = relink::link_at_start(relink::When::Always) {
         eprintln!("nccl-probe: cannot link libnccl.so.2 and restart: {error}");
         return std::process::ExitCode::from(2);
     }
@@ -57,26 +59,15 @@ fn main() -> std::process::ExitCode {
         },
     );
     let loaded = machine.nccl_loadable();
-    row(
-        "libnccl",
-        match (loaded, machine.nccl_version()) {
-            (true, Ok(version)) => format!(
-                "NCCL {version} from {}{}",
-                library::loaded_from().map_or("?".into(), |p| p.display().to_string()),
-                if machine.relinked() {
-                    " (libnccl.so.2, linked as libnccl.so)"
-                } else {
-                    ""
-                }
-            ),
-            (true, Err(reason)) => reason,
-            (false, _) if machine.relinked() => format!(
-                "libnccl.so.2 was found and linked as libnccl.so but does not load: {}",
-                machine.nccl_load_error()
-            ),
-            (false, _) => format!("not found; {}", library::INSTALL_HINT),
-        },
-    );
+    row("libnccl", libnccl(&machine, loaded));
+    if let Some(file) = loaded.then(library::loaded_from).flatten() {
+        // The string NCCL writes into its library: the version, a fork's suffix, the CUDA.
+        row(
+            "version",
+            library::version_string(&file)
+                .unwrap_or_else(|| format!("no \"NCCL version\" string in {}", file.display())),
+        );
+    }
     if loaded {
         row(
             "unique Id",
@@ -97,4 +88,25 @@ fn main() -> std::process::ExitCode {
         Err(e) => row("--backend", format!("auto fails: {e}")),
     }
     std::process::ExitCode::SUCCESS
+}
+
+/// The libnccl row: the version NCCL reports and the file it was loaded from, or why none loads.
+fn libnccl(machine: &impl Machine, loaded: bool) -> String {
+    match (loaded, machine.nccl_version()) {
+        (true, Ok(version)) => format!(
+            "NCCL {version} from {}{}",
+            library::loaded_from().map_or("?".into(), |p| p.display().to_string()),
+            if machine.relinked() {
+                " (libnccl.so.2, linked as libnccl.so)"
+            } else {
+                ""
+            }
+        ),
+        (true, Err(reason)) => reason,
+        (false, _) if machine.relinked() => format!(
+            "libnccl.so.2 was found and linked as libnccl.so but does not load: {}",
+            machine.nccl_load_error()
+        ),
+        (false, _) => format!("not found; {}", library::INSTALL_HINT),
+    }
 }

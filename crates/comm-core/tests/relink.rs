@@ -6,7 +6,7 @@
 //! a fresh TMPDIR and relink together, round after round: into a fresh folder, over a missing
 //! link, over a link to the wrong file, and over the right link (which must be left as it is).
 //!
-//! The library is the real one from pip's wheel, as in `gpu_check_script.rs`: its folder comes
+//! The library is the real one from pip's wheel, as in `nccl_probe.rs`: its folder comes
 //! from NCCL_WORKSHOP_TEST_LIBNCCL (`.ci/run` installs it); without it the test says it skipped,
 //! unless NCCL_WORKSHOP_REQUIRE_LIBNCCL=1.
 

@@ -69,10 +69,10 @@ impl fmt::Display for Selection {
 /// Call first thing in `main`, before any socket or rank exists ([`crate::launch`]'s entry points
 /// do): where the only NCCL is `libnccl.so.2` (pip's wheels, runtime packages) and a CUDA driver
 /// is present, it links it as `libnccl.so` in a private folder and restarts the program with
-/// that folder on LD_LIBRARY_PATH, once (see [`nccl::library::link_at_start`]). Elsewhere it
+/// that folder on LD_LIBRARY_PATH, once (see [`nccl::relink::link_at_start`]). Elsewhere it
 /// returns at once. A failure is remembered and becomes [`select`]'s reason.
 pub fn prepare() -> crate::Result<()> {
-    nccl::library::link_at_start(nccl::library::When::DriverPresent)
+    nccl::relink::link_at_start(nccl::relink::When::DriverPresent)
 }
 
 /// Decides the backend. Never panics: a missing driver or library is a reason, not a crash; and
@@ -109,7 +109,7 @@ pub fn select(choice: BackendChoice) -> crate::Result<Selection> {
 
 /// Why an unlinked `libnccl.so.2` at `library` cannot be used, and how to fix that.
 fn unlinked(library: &std::path::Path) -> String {
-    match nccl::library::start_failure() {
+    match nccl::relink::start_failure() {
         Some(failure) => format!("libnccl.so.2 was found but could not be linked: {failure}"),
         None => format!(
             "only {} was found and cudarc loads libnccl.so; call \

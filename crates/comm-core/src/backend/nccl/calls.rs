@@ -6,16 +6,15 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError};
 use cudarc::nccl::{result, sys};
 
 use super::batch::{Batching, Wait};
-use super::errors::{cuda, nccl};
+use super::errors::{cuda, nccl, quietly};
 use super::gpu_trace::GpuTrace;
-use super::group_safe::{self, GroupSafe, Groups};
+use super::group_safe::{self, in_group, GroupSafe};
 use super::id::{id_from_bytes, new_unique_id};
 use super::init::init_rank;
-use super::probe::quietly;
 use super::watchdog::{self, async_state, Arming, Watchdog};
 use crate::collective::{Call, Collective};
 use crate::dtype::Element;
@@ -38,11 +37,7 @@ pub struct NcclBackend {
     version: i32,
     /// Shown every call; ends the process if the rank is stuck inside NCCL past the timeout.
     watchdog: Watchdog,
-    /// Open groups, and the buffers dropped while one is open.
-    groups: Arc<Groups>,
-    /// Recorded after the calls waited for, and reused: one event, not one per wait.
-    done: CudaEvent,
-    /// Batches and groups this rank is in: when calls are waited for.
+    /// Batches this communicator is in, and its calls not waited for yet.
     batching: std::cell::Cell<Batching>,
     /// The one-element buffer barriers all-reduce, made at the first.
     barrier_token: std::cell::RefCell<Option<GroupSafe<i32>>>,
@@ -107,17 +102,12 @@ impl NcclBackend {
             STUCK_GRACE,
             Box::new(move |what, allowed| stuck(rank, what, allowed)),
         );
-        let done = ctx.new_event(None);
-        let (watchdog, done) = match (watchdog, done) {
-            (Ok(watchdog), Ok(done)) => (watchdog, done),
-            (watchdog, done) => {
+        let watchdog = match watchdog {
+            Ok(watchdog) => watchdog,
+            Err(e) => {
                 // SAFETY: the communicator just made, never used; freed once, here.
                 let _ = unsafe { result::comm_abort(comm) };
-                return Err(match (watchdog, done) {
-                    (Err(e), _) => CommError::io("starting the NCCL watchdog", e),
-                    (_, Err(e)) => cuda("creating an event")(e),
-                    _ => unreachable!("one of them failed"),
-                });
+                return Err(CommError::io("starting the NCCL watchdog", e));
             }
         };
         Ok(NcclBackend {
@@ -128,10 +118,8 @@ impl NcclBackend {
             live: Cell::new(true),
             version,
             watchdog,
-            groups: Arc::new(Groups::default()),
             barrier_token: std::cell::RefCell::new(None),
             gpu_trace: std::cell::RefCell::new(None),
-            done,
             batching: std::cell::Cell::new(Batching::default()),
         })
     }
@@ -141,36 +129,28 @@ impl NcclBackend {
     }
 
     fn check_usable(&self) -> Result<()> {
-        if !self.live.get() {
-            return Err(CommError::Backend(
-                "the NCCL communicator was aborted after an earlier failure".into(),
-            ));
-        }
-        Ok(())
+        usable(self.live.get())
     }
 
     /// Waits for the work enqueued so far, until `call`'s deadline. On a blocking communicator a
-    /// call returns once it is enqueued, so only the GPU is waited for (`gpu`): an event recorded
-    /// after the work, looked at without ever sleeping, and NCCL's asynchronous errors now and
-    /// then. Past the deadline this thread aborts the communicator itself (the abort, shown to
-    /// the watchdog in the call's place, is then what it watches) and fails.
+    /// call returns once it is enqueued, so only the GPU is waited for (`gpu`): the rank's stream,
+    /// looked at without ever sleeping ([`Self::stream_idle`]), and NCCL's asynchronous errors now
+    /// and then. Past the deadline this thread aborts the communicator itself (the abort, shown
+    /// to the watchdog in the call's place, is then what it watches) and fails.
     fn wait(&self, what: &str, gpu: bool, call: &Arming) -> Result<()> {
         if !gpu {
             return self.check_async(what);
         }
-        self.done
-            .record(&self.stream)
-            .map_err(cuda("recording an event"))?;
         let started = Instant::now();
         for look in 0u64.. {
-            if self.done.try_is_complete().map_err(cuda(what))? {
-                // Every call before `done` has finished: its trace events can be read.
+            if self.stream_idle().map_err(cuda(what))? {
+                // Every call enqueued has finished: its trace events can be read.
                 if let Some(gpu_trace) = self.gpu_trace.borrow_mut().as_mut() {
                     gpu_trace.read_finished()?;
                 }
                 return self.check_async(what);
             }
-            // NCCL's own errors (a peer's network failure) show here, not in the event.
+            // NCCL's own errors (a peer's network failure) show here, not on the stream.
             if look % 1024 == 1023 {
                 self.check_async(what)?;
             }
@@ -181,6 +161,20 @@ impl NcclBackend {
             watchdog::take(watchdog::pause(started.elapsed()));
         }
         unreachable!("the loop returns")
+    }
+
+    /// Whether the rank's stream has finished everything enqueued on it: `cuStreamQuery`, as
+    /// nccl-tests' `testStreamSynchronize` (`src/common.cu`) polls `cudaStreamQuery`. On an idle
+    /// stream it answers at once, where an event recorded and then looked at costs a round trip
+    /// to the GPU: an in-place call on one rank, say, for which NCCL enqueues nothing at all
+    /// (`src/enqueue.cc`, `taskAppend`: one rank goes to `ncclLaunchOneRank`, which for any
+    /// reduction but `PreMulSum` only copies, and in place has nothing to copy:
+    /// `src/device/onerank.cu`). Only this rank's calls and copies go on its stream.
+    fn stream_idle(&self) -> std::result::Result<bool, DriverError> {
+        // SAFETY: the stream is live (`self.stream` holds it) and its context is current on this
+        // thread (bound at connect, or by `bind_to_thread` after a move); cuStreamQuery only
+        // reads the stream's state.
+        idle(unsafe { cudarc::driver::sys::cuStreamQuery(self.stream.cu_stream()) })
     }
 
     /// NCCL's asynchronous error, if any: the communicator is aborted and the error returned.
@@ -237,7 +231,7 @@ impl NcclBackend {
         };
         let out = body();
         std::mem::forget(unwinding);
-        let wait = self.batching(Batching::end_batch);
+        let wait = self.batching(|b| b.end_batch(in_group()));
         let watched = self.watchdog.arm("the calls of a batch");
         let waited = self.settle(wait, "batch", &watched);
         out.and_then(|value| waited.map(|_| value))
@@ -249,22 +243,21 @@ impl NcclBackend {
     /// not.
     ///
     /// Buffers dropped inside `body` are freed only after ncclGroupEnd has enqueued the
-    /// group's kernels ([`group_safe`]): a kernel never reads freed memory.
+    /// group's kernels ([`group_safe`]): a kernel never reads freed memory. Groups are the
+    /// thread's, as NCCL's are: inside another communicator's group, this one's end launches
+    /// nothing, and its calls are waited for at its next wait ([`super::batch`]).
     pub(crate) fn group<R>(&self, body: impl FnOnce() -> Result<R>) -> Result<R> {
         self.check_usable()?;
         group_safe::group_start().map_err(nccl("ncclGroupStart"))?;
-        self.groups.open();
-        self.batching(Batching::begin_group);
         let unwinding = AbortOnUnwind {
             backend: self,
             group: true,
         };
         let out = body();
         std::mem::forget(unwinding);
-        let wait = self.batching(Batching::end_group);
         let watched = self.watchdog.arm("a group's ncclGroupEnd and calls");
         let ended = self.group_end().and_then(enqueued);
-        self.groups.close();
+        let wait = self.batching(|b| b.end_group(in_group()));
         let waited = match ended {
             Ok(()) => self.settle(wait, "group", &watched),
             Err(e) => {
@@ -322,20 +315,23 @@ impl NcclBackend {
     }
 
     /// Copies host values into a new buffer on this rank's GPU, which is never freed inside
-    /// an open group of this communicator. Allowed in a group: no call before it can use a
-    /// buffer that did not exist. Under the watchdog (a copy can hang behind a stuck kernel).
+    /// an open NCCL group. Allowed in a group: no call before it can use a buffer that did not
+    /// exist. Under the watchdog (a copy can hang behind a stuck kernel). Refused once the
+    /// communicator was aborted, as every call is.
     pub fn upload<T: Element>(&self, values: &[T]) -> Result<GroupSafe<T>> {
+        self.check_usable()?;
         let _watched = self.watchdog.arm("a copy to the GPU");
         let slice = self
             .stream
             .clone_htod(values)
             .map_err(cuda("copying to the GPU"))?;
-        Ok(GroupSafe::new(slice, self.groups.clone()))
+        Ok(GroupSafe::new(slice))
     }
 
     /// Copies a GPU buffer back to the host, after the work queued before it on the stream.
     /// In a batch, the calls before it are waited for first, under the watchdog; in a group,
-    /// whose calls only run at its end, it is an error.
+    /// whose calls only run at its end, and after an abort, it is an error
+    /// ([`before_download`]).
     pub fn download<T: Element>(&self, buf: &CudaSlice<T>) -> Result<Vec<T>> {
         let mut host = vec![T::default(); buf.len()];
         self.download_into(buf, &mut host)?;
@@ -344,11 +340,8 @@ impl NcclBackend {
 
     /// [`download`](Self::download) into host memory the caller keeps (as many elements).
     pub fn download_into<T: Element>(&self, buf: &CudaSlice<T>, host: &mut [T]) -> Result<()> {
-        let wait = self.batching(Batching::download).ok_or_else(|| {
-            CommError::Usage(
-                "to_host inside a group: the group's calls only run when it ends".into(),
-            )
-        })?;
+        let live = self.live.get();
+        let wait = self.batching(|b| before_download(live, in_group(), b))?;
         let watched = self
             .watchdog
             .arm("the calls before a download, and the download");
@@ -361,10 +354,12 @@ impl NcclBackend {
 
     /// Copies host values into an existing GPU buffer (as many elements), behind the work
     /// queued on the stream; the values may be reused as soon as it returns. Refused inside a
-    /// group: the copy would run before the group's calls, which are enqueued only at its end,
-    /// even those called before it ([`Batching::copy_into`]). Under the watchdog.
+    /// group (of any communicator, this thread's): the copy would run before the group's calls,
+    /// which are enqueued only at its end, even those called before it
+    /// ([`Batching::copy_into`]); and after an abort. Under the watchdog.
     pub fn upload_into<T: Element>(&self, values: &[T], buf: &mut CudaSlice<T>) -> Result<()> {
-        self.batching.get().copy_into()?;
+        self.check_usable()?;
+        self.batching.get().copy_into(in_group())?;
         let _watched = self.watchdog.arm("a copy to the GPU");
         self.stream
             .memcpy_htod(values, buf)
@@ -398,14 +393,15 @@ impl NcclBackend {
                 .expect("made by trace_mark")
                 .called(what, start, end);
         }
-        let wait = self.batching(Batching::called);
+        let wait = self.batching(|b| b.called(in_group()));
         self.settle(wait, what, &watched)
     }
 
     /// With `--trace`, an event on the stream now (the first one anchors the GPU's times to the
-    /// host's clock). Not inside a group: its calls are only enqueued when it ends.
+    /// host's clock). Not inside a group (this thread's, of any communicator): its calls are
+    /// only enqueued when it ends.
     fn trace_mark(&self) -> Result<Option<CudaEvent>> {
-        if !crate::trace::on() || self.groups.is_open() {
+        if !crate::trace::on() || in_group() {
             return Ok(None);
         }
         let mut gpu_trace = self.gpu_trace.borrow_mut();
@@ -415,10 +411,10 @@ impl NcclBackend {
         gpu_trace.as_mut().expect("made above").mark().map(Some)
     }
 
-    /// An all-reduce of one element: returns when every rank got here. Not inside a group,
-    /// whose calls only run at its end.
+    /// An all-reduce of one element: returns when every rank got here. Not inside a group (this
+    /// thread's, of any communicator), whose calls only run at its end.
     pub(crate) fn barrier(&self) -> Result<()> {
-        if self.groups.is_open() {
+        if in_group() {
             return Err(CommError::Usage(
                 "barrier inside a group: the group's calls only run when it ends".into(),
             ));
@@ -451,14 +447,15 @@ struct AbortOnUnwind<'a> {
 impl Drop for AbortOnUnwind<'_> {
     fn drop(&mut self) {
         let backend = self.backend;
-        let end = if self.group {
+        if self.group {
             let _ = backend.group_end();
-            backend.groups.close();
-            Batching::end_group
-        } else {
-            Batching::end_batch
-        };
-        if backend.batching(end) != Wait::Nothing || backend.batching(|b| b.unwaited()) > 0 {
+        }
+        let group = self.group;
+        let wait = backend.batching(|b| match group {
+            true => b.end_group(in_group()),
+            false => b.end_batch(in_group()),
+        });
+        if wait != Wait::Nothing || backend.batching(|b| b.unwaited()) > 0 {
             backend.abort();
         }
     }
@@ -515,11 +512,45 @@ impl NcclBackend {
     }
 }
 
+/// Whether a communicator may be used: not once it was aborted (NCCL freed it; what its calls
+/// left in the buffers is no result).
+fn usable(live: bool) -> Result<()> {
+    match live {
+        true => Ok(()),
+        false => Err(CommError::Backend(
+            "the NCCL communicator was aborted after an earlier failure".into(),
+        )),
+    }
+}
+
+/// Before a copy back to the host: what to wait for first. Refused after an abort, even with
+/// nothing left to wait for (the buffer holds whatever the aborted calls left), and inside a
+/// group, whose calls have not run.
+fn before_download(live: bool, in_group: bool, batching: &mut Batching) -> Result<Wait> {
+    usable(live)?;
+    batching.download(in_group).ok_or_else(|| {
+        CommError::Usage("to_host inside a group: the group's calls only run when it ends".into())
+    })
+}
+
+/// `cuStreamQuery`'s answer as a look: everything done (`CUDA_SUCCESS`), still busy
+/// (`CUDA_ERROR_NOT_READY`), or an error (an earlier launch's, a lost device).
+fn idle(answer: cudarc::driver::sys::CUresult) -> std::result::Result<bool, DriverError> {
+    use cudarc::driver::sys::CUresult;
+    match answer {
+        CUresult::CUDA_SUCCESS => Ok(true),
+        CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        error => Err(DriverError(error)),
+    }
+}
+
 /// The first NCCL with `ncclCommFinalize` (cudarc panics on a symbol the library lacks).
 const FINALIZE_SINCE: i32 = 21400;
 
 /// A call's status: `ncclInProgress` would mean a nonblocking communicator, which this backend
-/// never makes (its work would not be enqueued yet when the wait's event is recorded).
+/// never makes (its work might not be on the stream yet when the wait looks at the stream, which
+/// would then pass at once). Whatever NCCL's version does with threads, the backend relies only
+/// on this: a call that returns without `ncclInProgress` has enqueued its work.
 fn enqueued(status: result::NcclStatus) -> std::result::Result<(), result::NcclError> {
     match status {
         result::NcclStatus::InProgress => {
@@ -553,4 +584,53 @@ fn stuck(rank: usize, what: &str, allowed: Duration) -> ! {
         missing: Vec::new(),
     };
     end_process(rank, &error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUresult;
+
+    #[test]
+    fn a_stream_query_is_done_busy_or_an_error() {
+        assert_eq!(idle(CUresult::CUDA_SUCCESS), Ok(true));
+        assert_eq!(idle(CUresult::CUDA_ERROR_NOT_READY), Ok(false));
+        assert_eq!(
+            idle(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS),
+            Err(DriverError(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS))
+        );
+    }
+
+    #[test]
+    fn a_call_answering_in_progress_is_an_error_whatever_nccls_version() {
+        // The only thing the wait relies on: a call that returned has enqueued its work.
+        assert!(enqueued(result::NcclStatus::Success).is_ok());
+        assert_eq!(
+            enqueued(result::NcclStatus::InProgress).unwrap_err(),
+            result::NcclError(sys::ncclResult_t::ncclInvalidUsage)
+        );
+    }
+
+    #[test]
+    fn a_download_after_an_abort_is_refused_though_nothing_is_pending() {
+        let mut nothing_pending = Batching::default();
+        let refused = before_download(false, false, &mut nothing_pending).unwrap_err();
+        assert!(refused.to_string().contains("aborted"), "{refused}");
+        // Also with calls unwaited, and inside a group: the abort is what is said.
+        let mut pending = Batching::default();
+        pending.called(true);
+        let refused = before_download(false, true, &mut pending).unwrap_err();
+        assert!(refused.to_string().contains("aborted"), "{refused}");
+        // A live one waits for what is pending, or nothing, and refuses inside a group.
+        assert_eq!(
+            before_download(true, false, &mut pending).unwrap(),
+            Wait::Finished { calls: 1 }
+        );
+        assert_eq!(
+            before_download(true, false, &mut nothing_pending).unwrap(),
+            Wait::Nothing
+        );
+        let in_group = before_download(true, true, &mut nothing_pending).unwrap_err();
+        assert!(matches!(in_group, CommError::Usage(_)), "{in_group}");
+    }
 }

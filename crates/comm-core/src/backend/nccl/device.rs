@@ -97,7 +97,7 @@ pub fn bus_id(ordinal: usize) -> Result<String> {
         let id = unsafe { std::ffi::CStr::from_ptr(text.as_ptr()) };
         Ok(id.to_string_lossy().to_ascii_lowercase())
     };
-    super::probe::quietly(read)
+    super::errors::quietly(read)
         .map_err(|p| CommError::Backend(format!("CUDA did not load: {p}")))?
         .map_err(super::errors::cuda(&format!(
             "reading cuda:{ordinal}'s PCI bus id"

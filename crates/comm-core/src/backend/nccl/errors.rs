@@ -1,4 +1,7 @@
-//! NCCL's and CUDA's errors as this crate's: the call by name, NCCL's text and the usual hint.
+//! NCCL's and CUDA's errors as this crate's: the call by name, NCCL's text and the usual hint;
+//! and cudarc's panic when a library it loads at run time is missing, as a reason ([`quietly`]).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use cudarc::driver::DriverError;
 use cudarc::nccl::{result, sys};
@@ -26,4 +29,19 @@ pub(super) fn cuda(what: &str) -> impl Fn(DriverError) -> CommError + '_ {
 
 pub(super) fn nccl(what: &str) -> impl Fn(result::NcclError) -> CommError + '_ {
     move |e| CommError::Backend(nccl_error(what, e))
+}
+
+/// Runs `f`, turning a panic (cudarc's answer to a missing library) into an error message.
+pub(super) fn quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let outcome = catch_unwind(AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    outcome.map_err(|payload| {
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "unknown failure".into())
+    })
 }

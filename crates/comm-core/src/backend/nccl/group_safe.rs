@@ -1,20 +1,23 @@
 //! Sound groups: between `ncclGroupStart` and `ncclGroupEnd`, NCCL launches nothing; the group's
 //! kernels are enqueued at its end. A device buffer's free is stream-ordered and enqueued the
 //! moment the buffer drops, so a buffer made and dropped inside a group would be freed before
-//! the kernel that uses it. So every device buffer knows its communicator's [`Groups`], and while
-//! a group is open there, a buffer that drops (on any thread) is kept, and freed when the
-//! outermost group has ended, after its kernels are enqueued.
+//! the kernel that uses it. So while any NCCL group of this process is open, a buffer that drops
+//! (on any thread, of any communicator) is kept, and freed when the last open group has ended,
+//! after its kernels are enqueued. Any, not its own communicator's: NCCL defers a call on any
+//! communicator made inside a thread's group (`src/group.cc`: one `ncclGroupDepth` per
+//! thread), so a buffer of communicator B can be used by a kernel that A's group launches.
 //!
 //! The same holds for an abort: inside a group NCCL only queues `ncclCommAbort`'s reclaim
 //! (group.cc's `ncclAsyncLaunch` runs a job at once only at group depth 0), and the outermost
 //! `ncclGroupEnd` runs it beside the group's launches. So this thread's group depth is kept
 //! as NCCL keeps it ([`Nesting`]: per thread, over every communicator), and an abort wanted
-//! inside a group waits for the outermost group's end.
+//! inside a group waits for the outermost group's end. The same depth says whether a call made
+//! now is deferred ([`in_group`]), which the batching asks ([`super::batch`]).
 
 use std::any::Any;
 use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use cudarc::driver::CudaSlice;
 use cudarc::nccl::{result, sys};
@@ -70,19 +73,27 @@ thread_local! {
     static NESTING: RefCell<Nesting<Comm>> = const { RefCell::new(Nesting::new()) };
 }
 
-/// `ncclGroupStart`, counted. Every group of this crate opens here.
+/// `ncclGroupStart`, counted (this thread's depth, and the process's open groups). Every group
+/// of this crate opens here.
 pub(super) fn group_start() -> Result<result::NcclStatus, result::NcclError> {
     let started = result::group_start()?;
     NESTING.with_borrow_mut(Nesting::started);
+    OPEN.open();
     Ok(started)
 }
 
-/// `ncclGroupEnd`, counted; with it, the aborts that waited for the outermost group's end,
-/// which the caller must run (each once).
+/// `ncclGroupEnd`, counted; the buffers kept while the process's last open group was open are
+/// freed (its kernels are enqueued now); with it, the aborts that waited for this thread's
+/// outermost group's end, which the caller must run (each once).
 #[must_use = "the aborts handed out must run"]
 pub(super) fn group_end() -> (Result<result::NcclStatus, result::NcclError>, Vec<Comm>) {
     let ended = result::group_end();
-    (ended, NESTING.with_borrow_mut(Nesting::ended))
+    let (was_open, aborts) =
+        NESTING.with_borrow_mut(|nesting| (nesting.depth > 0, nesting.ended()));
+    if was_open {
+        OPEN.close();
+    }
+    (ended, aborts)
 }
 
 /// The abort of `comm` is wanted: returned if it may run now, else kept for [`group_end`].
@@ -90,26 +101,36 @@ pub(super) fn abort(comm: Comm) -> Option<Comm> {
     NESTING.with_borrow_mut(|nesting| nesting.abort(comm))
 }
 
-/// Whether this thread is inside an NCCL group.
+/// Whether this thread is inside an NCCL group (of any communicator): a call made now is only
+/// enqueued at the outermost group's end.
 pub(super) fn in_group() -> bool {
     NESTING.with_borrow(|nesting| nesting.depth > 0)
 }
 
-/// One communicator's open groups, and what dropped while one was open.
+/// Open groups, and what dropped while one was open.
 #[derive(Default)]
 pub(super) struct Groups {
     open: Mutex<(usize, Vec<Box<dyn Any + Send>>)>,
 }
 
+/// Every open NCCL group of this process, on any thread.
+static OPEN: Groups = Groups::new();
+
 impl Groups {
+    const fn new() -> Self {
+        Groups {
+            open: Mutex::new((0, Vec::new())),
+        }
+    }
+
     /// A group opens (after `ncclGroupStart`).
-    pub(super) fn open(&self) {
+    fn open(&self) {
         self.open.lock().unwrap().0 += 1;
     }
 
-    /// A group ends (after `ncclGroupEnd` returned): the outermost one frees what was kept while
-    /// it was open.
-    pub(super) fn close(&self) {
+    /// A group ends (after `ncclGroupEnd` returned): the last open one frees what was kept while
+    /// any was open.
+    fn close(&self) {
         let kept = {
             let mut open = self.open.lock().unwrap();
             open.0 = open.0.saturating_sub(1);
@@ -122,7 +143,8 @@ impl Groups {
     }
 
     /// Whether a group is open.
-    pub(super) fn is_open(&self) -> bool {
+    #[cfg(test)]
+    fn is_open(&self) -> bool {
         self.open.lock().unwrap().0 > 0
     }
 
@@ -142,10 +164,9 @@ impl Groups {
     }
 }
 
-/// A device buffer that is never freed inside an open group of its communicator.
+/// A device buffer that is never freed while an NCCL group of this process is open.
 pub struct GroupSafe<T: 'static> {
     slice: Option<CudaSlice<T>>,
-    groups: Arc<Groups>,
 }
 
 impl<T: 'static> std::fmt::Debug for GroupSafe<T> {
@@ -155,11 +176,8 @@ impl<T: 'static> std::fmt::Debug for GroupSafe<T> {
 }
 
 impl<T: 'static> GroupSafe<T> {
-    pub(super) fn new(slice: CudaSlice<T>, groups: Arc<Groups>) -> Self {
-        GroupSafe {
-            slice: Some(slice),
-            groups,
-        }
+    pub(super) fn new(slice: CudaSlice<T>) -> Self {
+        GroupSafe { slice: Some(slice) }
     }
 }
 
@@ -183,7 +201,7 @@ impl<T: 'static> DerefMut for GroupSafe<T> {
 impl<T: 'static> Drop for GroupSafe<T> {
     fn drop(&mut self) {
         if let Some(slice) = self.slice.take() {
-            self.groups.drop_after_group(Box::new(slice));
+            OPEN.drop_after_group(Box::new(slice));
         }
     }
 }
@@ -191,6 +209,7 @@ impl<T: 'static> Drop for GroupSafe<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn an_abort_outside_groups_runs_at_once() {
@@ -261,5 +280,25 @@ mod tests {
                 "outer group ended"
             ]
         );
+    }
+
+    #[test]
+    fn what_drops_while_any_thread_has_a_group_open_waits_for_the_last_one() {
+        // Communicator A's group open on this thread; B's opens and ends on another, where a
+        // buffer drops: A's group may still launch a call on B's buffers, so it is kept.
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let groups = Arc::new(Groups::default());
+        groups.open();
+        let (other, value) = (groups.clone(), Noted(log.clone(), "dropped in B's group"));
+        std::thread::spawn(move || {
+            other.open();
+            other.drop_after_group(Box::new(value));
+            other.close();
+        })
+        .join()
+        .unwrap();
+        assert!(log.lock().unwrap().is_empty(), "A's group is still open");
+        groups.close();
+        assert_eq!(*log.lock().unwrap(), ["dropped in B's group"]);
     }
 }

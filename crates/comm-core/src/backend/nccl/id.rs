@@ -3,8 +3,7 @@
 
 use cudarc::nccl::{result, sys};
 
-use super::errors::nccl;
-use super::probe::quietly;
+use super::errors::{nccl, quietly};
 use crate::error::{CommError, Result};
 
 /// The unique Id as the bytes the store carries, and back.

@@ -1,10 +1,18 @@
 //! The communicator comes up: `ncclCommInitRankConfig` with `blocking = 1`, on a thread of its
 //! own, while the rank waits for it at most the timeout.
 //!
-//! Why blocking: on a nonblocking communicator (NCCL 2.14 and later, where they came in) every
-//! group end (each collective is an implicit group) runs on a new thread and answers
-//! `ncclInProgress`; every call then pays a thread's start and join. A blocking communicator
-//! enqueues on the caller's thread. Its init cannot be aborted from outside (the handle arrives
+//! Why blocking: nonblocking communicators came in NCCL 2.14, and what a group end of theirs does
+//! (each collective is an implicit group) depends on the version (`src/group.cc`,
+//! `ncclGroupEndInternal`). In 2.14 to 2.22 it starts a thread only when the group holds a
+//! connection to set up (a preconnect) or an asynchronous job (an init, a finalize), and launches
+//! on the caller's thread otherwise; from 2.23 every group end of a nonblocking communicator runs
+//! on a new thread and answers `ncclInProgress`, so every call pays a thread's start and join. A
+//! blocking communicator launches on the caller's thread in every version. The backend relies on
+//! neither behaviour: it asks for `blocking = 1` outright (below), refuses an
+//! `NCCL_COMM_BLOCKING` other than 1, and takes `ncclInProgress` from any call as an error
+//! (`calls.rs`, `enqueued`): a call that returns has enqueued its work, whatever the version.
+//!
+//! A blocking communicator's init cannot be aborted from outside (the handle arrives
 //! only when it returns), so it runs on a thread of its own, once: if it outlives the timeout (a
 //! rank never came), the rank writes its failure and ends with `_exit`, taking the thread stuck
 //! in NCCL with it (`exit` would run libnccl's and libcuda's destructors under that thread).
@@ -56,6 +64,23 @@ fn blocking_config() -> sys::ncclConfig_t {
     }
 }
 
+/// NCCL_COMM_BLOCKING (`value`, as set) overrides a config's `blocking` (NCCL's `init.cc`,
+/// `envConfigOverride`): refused unless unset or 1, so the communicator is blocking whatever the
+/// environment says.
+fn blocking_as_asked(value: Option<std::ffi::OsString>) -> Result<()> {
+    match value.filter(|v| v.to_str() != Some("1")) {
+        None => Ok(()),
+        Some(value) => Err(CommError::env(
+            BLOCKING_VAR,
+            format!(
+                "{BLOCKING_VAR}={} would make NCCL's communicator nonblocking, which this backend \
+                 does not drive (its calls would return before they are enqueued); unset it",
+                value.to_string_lossy()
+            ),
+        )),
+    }
+}
+
 /// The init call itself, on the init thread (its CUDA context bound): what went wrong, if
 /// anything, in words.
 fn init_blocking(
@@ -102,16 +127,7 @@ pub(super) fn init_rank(
     rank: usize,
     timeout: Duration,
 ) -> Result<sys::ncclComm_t> {
-    if let Some(value) = crate::topology::nccl_comm_blocking().filter(|v| v.to_str() != Some("1")) {
-        return Err(CommError::env(
-            BLOCKING_VAR,
-            format!(
-                "{BLOCKING_VAR}={} would make NCCL's communicator nonblocking, which this backend \
-                 does not drive (its calls would return before they are enqueued); unset it",
-                value.to_string_lossy()
-            ),
-        ));
-    }
+    blocking_as_asked(crate::topology::nccl_comm_blocking())?;
     let version = result::get_nccl_version().map_err(nccl("ncclGetVersion"))?;
     let (done, outcome) = mpsc::channel();
     let ctx = ctx.clone();
@@ -209,6 +225,21 @@ mod tests {
         let (tx, rx) = mpsc::channel::<u8>();
         std::thread::spawn(move || drop(tx)).join().unwrap();
         assert_eq!(came(&rx, Duration::from_secs(5)), Came::Never);
+    }
+
+    #[test]
+    fn only_a_blocking_communicator_is_made_whatever_the_environment_says() {
+        assert!(blocking_as_asked(None).is_ok());
+        assert!(blocking_as_asked(Some("1".into())).is_ok());
+        for value in ["0", "", "yes"] {
+            let refused = blocking_as_asked(Some(value.into()))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                refused.contains(&format!("NCCL_COMM_BLOCKING={value} would make")),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

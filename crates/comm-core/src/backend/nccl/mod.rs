@@ -12,13 +12,16 @@
 //! heartbeat monitor) is shown each call and ends the process only when the rank is stuck inside
 //! NCCL past it. Buffers dropped and aborts wanted inside a group wait for its end.
 //!
-//! The rooms, one concept each: `probe` (can NCCL run here?), `id` (the unique Id), `errors`
-//! (NCCL's and CUDA's errors as ours), `watchdog` (waiting without hanging), `init` (the
-//! communicator comes up), `calls` ([`NcclBackend`]: how a call is enqueued and waited for, and the communicator's end),
-//! `collectives` (which NCCL function each call of the collective table is), `batch` (when
-//! calls are waited for), `group_safe` (no buffer freed inside an open group), `events` (marks on
-//! the stream that time its work), `gpu_trace` (`--trace`'s slices of the GPU's own times), `device` (which GPU a rank uses, and that no two ranks share
-//! one) and [`library`] (finding libnccl).
+//! The rooms, one concept each: `probe` (can NCCL run here?), [`library`] (finding libnccl's
+//! files and reading them), [`relink`] (the start-time restart with a `libnccl.so` link), `id`
+//! (the unique Id), `errors` (NCCL's and CUDA's errors as ours, cudarc's panics as reasons),
+//! `watchdog` (waiting without hanging), `init` (the communicator comes up), `calls`
+//! ([`NcclBackend`]: how a call is enqueued and waited for, and the communicator's end),
+//! `collectives` (which NCCL function each call of the collective table is), `batch` (when calls
+//! are waited for), `group_safe` (NCCL's groups, per thread, and no buffer freed inside one),
+//! `events` (marks on the stream that time its work), `gpu_trace` (`--trace`'s slices of the
+//! GPU's own times) and `device` (which GPU a rank uses, and that no two ranks share one). The
+//! library is the bottom: the probe and the relink ask it, it asks neither.
 
 mod batch;
 mod calls;
@@ -32,6 +35,7 @@ mod id;
 mod init;
 pub mod library;
 mod probe;
+pub mod relink;
 mod watchdog;
 
 pub use calls::NcclBackend;

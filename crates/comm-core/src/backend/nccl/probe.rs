@@ -1,14 +1,14 @@
 //! Whether NCCL can run here: a CUDA driver, a visible GPU, libnccl. Asked one question at a
-//! time, and never allowed to panic (cudarc panics when a library it loads at run time is
-//! missing; [`quietly`] turns that into a reason).
+//! time ([`Machine`]), and never allowed to panic (cudarc panics when a library it loads at run
+//! time is missing; [`quietly`] turns that into a reason). What libnccl's files are and where
+//! they lie is [`library`]'s: the probe asks it, never the other way round.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
 use cudarc::driver::CudaContext;
 use cudarc::nccl::result;
 
-use super::errors::{driver_error, nccl_error};
+use super::errors::{driver_error, nccl_error, quietly};
 use super::library;
 
 /// What this machine offers NCCL.
@@ -27,21 +27,6 @@ pub enum Probe {
     Relink(PathBuf),
 }
 
-/// Runs `f`, turning a panic (cudarc's answer to a missing library) into an error message.
-pub(super) fn quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let outcome = catch_unwind(AssertUnwindSafe(f));
-    std::panic::set_hook(hook);
-    outcome.map_err(|payload| {
-        payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "unknown failure".into())
-    })
-}
-
 /// What the probe asks of the machine, one question at a time (so later ones are only asked
 /// when earlier ones pass: no driver, no device query).
 pub trait Machine {
@@ -55,6 +40,8 @@ pub trait Machine {
     fn nccl_load_error(&self) -> String;
     /// Whether this process is already the restart with a `libnccl.so` link.
     fn relinked(&self) -> bool;
+    /// The `libnccl.so.2` NCCL_LIBRARY names, if it exists (see [`library::given`]).
+    fn library_given(&self) -> Option<PathBuf>;
     /// A `libnccl.so.2` to link to, if there is one (see [`library::find`]).
     fn find_libnccl_so2(&self) -> Option<PathBuf>;
     /// libnccl's version as `major.minor.patch`, or why it could not be asked.
@@ -94,6 +81,9 @@ impl<F: Fn(&str) -> Option<String>> Machine for ThisMachine<F> {
     }
     fn relinked(&self) -> bool {
         library::relinked(&self.0)
+    }
+    fn library_given(&self) -> Option<PathBuf> {
+        library::given(&self.0)
     }
     fn find_libnccl_so2(&self) -> Option<PathBuf> {
         library::find(&self.0)
@@ -186,6 +176,9 @@ mod tests {
         }
         fn relinked(&self) -> bool {
             self.relinked
+        }
+        fn library_given(&self) -> Option<PathBuf> {
+            unreachable!("the probe leaves NCCL_LIBRARY to the start")
         }
         fn find_libnccl_so2(&self) -> Option<PathBuf> {
             self.so2.clone()

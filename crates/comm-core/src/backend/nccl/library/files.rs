@@ -45,6 +45,18 @@ pub fn relinked(var: &impl Fn(&str) -> Option<String>) -> bool {
     var(RELINKED).is_some()
 }
 
+/// The `libnccl.so.2` NCCL_LIBRARY names (the file, or the one in the folder it names), where it
+/// exists: the user's own choice, which wins even over a `libnccl.so` that loads (the system's
+/// NCCL, where the user points at a fork of it).
+pub fn given(var: &impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    let given = PathBuf::from(var("NCCL_LIBRARY")?);
+    let file = match given.is_dir() {
+        true => given.join("libnccl.so.2"),
+        false => given,
+    };
+    file.is_file().then_some(file)
+}
+
 /// Places `libnccl.so.2` is usually found, in the order we look: NCCL_LIBRARY (a file or a
 /// folder), LD_LIBRARY_PATH, NCCL_HOME, CUDA_HOME, a conda or virtual environment, the system.
 pub fn candidates(var: &impl Fn(&str) -> Option<String>) -> Vec<PathBuf> {
@@ -308,6 +320,13 @@ mod tests {
         // NCCL_LIBRARY wins, as a file or a folder.
         let vars: HashMap<&str, String> = [("NCCL_LIBRARY", dir.display().to_string())].into();
         assert_eq!(candidates(&|k: &str| vars.get(k).cloned())[0], so2);
+        assert_eq!(given(&|k: &str| vars.get(k).cloned()), Some(so2.clone()));
+        let vars: HashMap<&str, String> = [("NCCL_LIBRARY", so2.display().to_string())].into();
+        assert_eq!(given(&|k: &str| vars.get(k).cloned()), Some(so2.clone()));
+        // Named but missing, or not named: none given.
+        let vars: HashMap<&str, String> = [("NCCL_LIBRARY", "/nonexistent/x".into())].into();
+        assert_eq!(given(&|k: &str| vars.get(k).cloned()), None);
+        assert_eq!(given(&|_: &str| None), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
