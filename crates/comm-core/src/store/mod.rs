@@ -16,7 +16,9 @@
 //!   hears at once when another rank ends the job or the store goes away (`watcher.rs`); barriers,
 //!   rank 0's value, aborting and leaving.
 //!
-//! Our server (`server.rs`) speaks through `wire` too, and bounds what any connection can make it
+//! Our server speaks through `wire` too, in two rooms: `server.rs`, the poll loop that moves a
+//! connection's bytes, and `table.rs`, the keys, values and waits every request reads and
+//! changes (mini-redis's connection loop and `db.rs`). It bounds what any connection can make it
 //! hold (see [`StoreLimits`]). That guards against accidents on a shared node, not against
 //! attackers: the store trusts its network, as PyTorch's does.
 
@@ -26,6 +28,7 @@ mod membership;
 mod scoped;
 mod server;
 mod session;
+mod table;
 mod watcher;
 mod wire;
 

@@ -1,7 +1,8 @@
 //! The store's server side: rank 0 binds MASTER_PORT and answers every rank's requests in c10d's
 //! TCPStore protocol (see `wire.rs`), from one thread that polls every connection, as PyTorch's
-//! libuv server does. A WAIT is a registration, not a blocked thread: the answer goes out when
-//! the last of its keys is set, and CANCEL_WAIT on the same connection withdraws it.
+//! libuv server does. The poll loop only moves bytes: it accepts connections, holds them to the
+//! protocol's handshake, decodes their requests and hands each to the key-value table
+//! (`table.rs`, which keeps the values and the waits), and sends back what the table answers.
 //!
 //! A shared node is full of other jobs using the same default ports, so the server bounds what
 //! anyone can make it hold, and drops what does not speak the protocol:
@@ -27,11 +28,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::membership;
+use super::table::{Bounds, ConnId, Refused, Table};
 use super::wire::{self, Answer, Command, Malformed, MAX_VALUE_BYTES};
 use crate::error::{CommError, Result};
 
-/// Bookkeeping a stored entry costs beyond its key and value, counted against the byte bound.
-const ENTRY_OVERHEAD: usize = 64;
 /// The longest the server stops accepting after a failed accept (out of file descriptors).
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// A connection whose unsent answers reach this is not read until they drain.
@@ -179,25 +179,28 @@ impl StoreServer {
             stats: Mutex::new(Stats::default()),
             changed: Condvar::new(),
         });
+        let mut table = Table::new(Bounds {
+            max_keys: limits.max_keys,
+            max_value_bytes: limits.max_value_bytes,
+            max_stored_bytes: limits.max_stored_bytes,
+        });
+        for (key, value) in membership::seed(world_size, run_id) {
+            // A fresh store is far below every bound.
+            let _ = table.set(key, value);
+        }
         let mut server = Server {
             listener,
             woken,
             addr,
             limits,
             shared: shared.clone(),
-            values: HashMap::new(),
-            stored_bytes: 0,
+            table,
             connections: HashMap::new(),
             next_id: 0,
-            waiters: HashMap::new(),
             accept_paused_until: None,
             accept_backoff: Duration::ZERO,
             log: LogBudget::default(),
         };
-        for (key, value) in membership::seed(world_size, run_id) {
-            // A fresh store is far below every bound.
-            let _ = server.store(key, value);
-        }
         let thread = std::thread::Builder::new()
             .name("store-server".into())
             .spawn(move || server.run())
@@ -287,9 +290,6 @@ struct Connection {
     output: Vec<u8>,
     /// Until it validates: when it is dropped for silence.
     hello_deadline: Option<Instant>,
-    /// The keys of its pending WAIT, and how many of them are not set yet (0: no WAIT pending).
-    awaiting: Vec<String>,
-    awaited: usize,
 }
 
 /// Why the server closes a connection.
@@ -314,13 +314,10 @@ struct Server {
     addr: SocketAddr,
     limits: StoreLimits,
     shared: Arc<Shared>,
-    values: HashMap<String, Vec<u8>>,
-    /// Bytes of keys and values (plus overhead) held in `values`.
-    stored_bytes: usize,
-    connections: HashMap<u64, Connection>,
-    next_id: u64,
-    /// Key → connections whose WAIT includes it.
-    waiters: HashMap<String, Vec<u64>>,
+    /// The keys, values and waits.
+    table: Table,
+    connections: HashMap<ConnId, Connection>,
+    next_id: ConnId,
     accept_paused_until: Option<Instant>,
     accept_backoff: Duration,
     log: LogBudget,
@@ -329,7 +326,7 @@ struct Server {
 impl Server {
     fn run(&mut self) {
         loop {
-            let ids: Vec<u64> = self.connections.keys().copied().collect();
+            let ids: Vec<ConnId> = self.connections.keys().copied().collect();
             let mut fds = vec![
                 poll_fd(self.woken.as_raw_fd(), libc::POLLIN),
                 poll_fd(self.listener.as_raw_fd(), self.accept_events()),
@@ -435,15 +432,13 @@ impl Server {
                     input: Vec::new(),
                     output: Vec::new(),
                     hello_deadline: Some(Instant::now() + self.limits.hello_timeout),
-                    awaiting: Vec::new(),
-                    awaited: 0,
                 },
             );
         }
     }
 
     /// Reads, answers and writes what one connection's poll result allows.
-    fn service(&mut self, id: u64, revents: libc::c_short) -> std::result::Result<(), Close> {
+    fn service(&mut self, id: ConnId, revents: libc::c_short) -> std::result::Result<(), Close> {
         if revents & libc::POLLIN != 0 || revents & (libc::POLLHUP | libc::POLLERR) != 0 {
             self.receive(id)?;
             self.answer_all(id)?;
@@ -452,7 +447,7 @@ impl Server {
     }
 
     /// Appends what has arrived to the connection's input.
-    fn receive(&mut self, id: u64) -> std::result::Result<(), Close> {
+    fn receive(&mut self, id: ConnId) -> std::result::Result<(), Close> {
         let conn = self.connections.get_mut(&id).ok_or(Close::Gone)?;
         let mut chunk = [0u8; 64 << 10];
         match (&conn.stream).read(&mut chunk) {
@@ -467,7 +462,7 @@ impl Server {
     }
 
     /// Decodes and answers every whole request in the connection's input.
-    fn answer_all(&mut self, id: u64) -> std::result::Result<(), Close> {
+    fn answer_all(&mut self, id: ConnId) -> std::result::Result<(), Close> {
         let mut used = 0;
         let result = loop {
             let conn = self.connections.get_mut(&id).ok_or(Close::Gone)?;
@@ -500,7 +495,7 @@ impl Server {
     }
 
     /// Sends what it can of the connection's answers.
-    fn flush(&mut self, id: u64) -> std::result::Result<(), Close> {
+    fn flush(&mut self, id: ConnId) -> std::result::Result<(), Close> {
         let Some(conn) = self.connections.get_mut(&id) else {
             return Ok(());
         };
@@ -518,204 +513,52 @@ impl Server {
         Ok(())
     }
 
-    fn reply(&mut self, id: u64, answer: Answer) {
+    fn reply(&mut self, id: ConnId, answer: Answer) {
         if let Some(conn) = self.connections.get_mut(&id) {
             answer.encode_into(&mut conn.output);
         }
     }
 
-    fn execute(&mut self, id: u64, command: Command) -> std::result::Result<(), Close> {
-        match command {
-            Command::Validate { magic } if magic == wire::VALIDATION_MAGIC => {
-                if let Some(conn) = self.connections.get_mut(&id) {
-                    conn.hello_deadline = None;
-                }
-            }
-            Command::Validate { magic } => {
-                return Err(Close::Refused(format!(
-                    "it validated with {magic:#x}, not TCPStore's magic number"
-                )))
-            }
-            Command::Ping { nonce } => self.reply(id, Answer::Nonce(nonce)),
-            Command::Set { key, value } => self.set(key, value)?,
-            Command::CompareSet {
-                key,
-                expected,
-                desired,
-            } => self.compare_set(id, key, &expected, desired)?,
-            Command::Get { key } => {
-                let value = self.values.get(&key).cloned().unwrap_or_default();
-                self.reply(id, Answer::Value(value));
-            }
-            Command::Add { key, delta } => self.add(id, key, delta)?,
-            Command::Check { keys } => {
-                let ready = keys.iter().all(|k| self.values.contains_key(k));
-                self.reply(id, Answer::Ready(ready));
-            }
-            Command::Wait { keys } => self.wait(id, keys),
-            Command::NumKeys => {
-                let n = self.values.len() as i64;
-                self.reply(id, Answer::Number(n));
-            }
-            Command::Delete { key } => self.delete(id, &key),
-            Command::Append { key, value } => {
-                let mut whole = self.values.get(&key).cloned().unwrap_or_default();
-                whole.extend_from_slice(&value);
-                self.set(key, whole)?;
-            }
-            Command::MultiGet { keys } => {
-                let values = keys
-                    .iter()
-                    .map(|key| self.values.get(key).cloned().unwrap_or_default())
-                    .collect();
-                self.reply(id, Answer::Values(values));
-            }
-            Command::MultiSet { pairs } => {
-                for (key, value) in pairs {
-                    self.set(key, value)?;
-                }
-            }
-            Command::CancelWait => {
-                self.forget_wait(id);
-                self.reply(id, Answer::WaitCanceled);
-            }
+    /// Carries out one request: the handshake here, everything else by the table, whose
+    /// answer goes back after those of the WAITs the request completed.
+    fn execute(&mut self, id: ConnId, command: Command) -> std::result::Result<(), Close> {
+        if let Command::Validate { magic } = command {
+            return self.validate(id, magic);
+        }
+        let answered = self.table.execute(id, command);
+        self.answer_woken();
+        let answer = answered.map_err(|Refused(why)| Close::Refused(why))?;
+        if let Some(answer) = answer {
+            self.reply(id, answer);
         }
         Ok(())
     }
 
-    /// COMPARE_SET, with PyTorch's semantics (`wire::compare_set`); waiters wake either way.
-    fn compare_set(
-        &mut self,
-        id: u64,
-        key: String,
-        expected: &[u8],
-        desired: Vec<u8>,
-    ) -> std::result::Result<(), Close> {
-        let now = self.values.get(&key).map(Vec::as_slice);
-        let (answer, changed) = wire::compare_set(now, expected, &desired);
-        if changed {
-            self.store(key.clone(), desired)?;
-        }
-        self.wake_waiters(&key);
-        self.reply(id, Answer::Value(answer));
-        Ok(())
-    }
-
-    /// ADD: the key's decimal number (0 when missing) plus `delta`; a key holding anything else
-    /// closes the connection.
-    fn add(&mut self, id: u64, key: String, delta: i64) -> std::result::Result<(), Close> {
-        let now = match self.values.get(&key) {
-            None => 0,
-            Some(v) => std::str::from_utf8(v)
-                .ok()
-                .and_then(|s| s.trim().parse::<i64>().ok())
-                .ok_or_else(|| Close::Refused(format!("ADD to '{key}', which holds no number")))?,
-        };
-        let new = now.wrapping_add(delta);
-        self.set(key, new.to_string().into_bytes())?;
-        self.reply(id, Answer::Number(new));
-        Ok(())
-    }
-
-    /// DELETE_KEY: answers 1 if the key was there.
-    fn delete(&mut self, id: u64, key: &str) {
-        let deleted = match self.values.remove(key) {
-            Some(value) => {
-                self.stored_bytes -= entry_bytes(key, &value);
-                1
-            }
-            None => 0,
-        };
-        self.reply(id, Answer::Number(deleted));
-    }
-
-    /// SET: stores and wakes whoever waits for the key.
-    fn set(&mut self, key: String, value: Vec<u8>) -> std::result::Result<(), Close> {
-        self.store(key.clone(), value)?;
-        self.wake_waiters(&key);
-        Ok(())
-    }
-
-    /// Stores `value` at `key` if the bounds allow it; otherwise says which bound.
-    fn store(&mut self, key: String, value: Vec<u8>) -> std::result::Result<(), Close> {
-        let limits = &self.limits;
-        let over = |what: &str, max: usize| {
-            Close::Refused(format!(
-                "setting '{key}' would exceed its bound of {max} {what}"
-            ))
-        };
-        if value.len() > limits.max_value_bytes {
-            return Err(over("value bytes", limits.max_value_bytes));
-        }
-        let old = self.values.get(&key).map(|v| entry_bytes(&key, v));
-        if old.is_none() && self.values.len() >= limits.max_keys {
-            return Err(over("keys", limits.max_keys));
-        }
-        let total = self.stored_bytes - old.unwrap_or(0) + entry_bytes(&key, &value);
-        if total > limits.max_stored_bytes {
-            return Err(over("stored bytes", limits.max_stored_bytes));
-        }
-        self.stored_bytes = total;
-        self.values.insert(key, value);
-        Ok(())
-    }
-
-    /// WAIT: answered now if every key is set, else when the last one is. A connection waits
-    /// for one WAIT at a time (its client is blocked on it); a new one replaces the old.
-    fn wait(&mut self, id: u64, keys: Vec<String>) {
-        self.forget_wait(id);
-        let missing: Vec<String> = keys
-            .into_iter()
-            .filter(|k| !self.values.contains_key(k))
-            .collect();
-        if missing.is_empty() {
-            return self.reply(id, Answer::StopWaiting);
-        }
-        for key in &missing {
-            self.waiters.entry(key.clone()).or_default().push(id);
+    /// VALIDATE: TCPStore's magic number lets the connection in; any other closes it.
+    fn validate(&mut self, id: ConnId, magic: u32) -> std::result::Result<(), Close> {
+        if magic != wire::VALIDATION_MAGIC {
+            return Err(Close::Refused(format!(
+                "it validated with {magic:#x}, not TCPStore's magic number"
+            )));
         }
         if let Some(conn) = self.connections.get_mut(&id) {
-            conn.awaited = missing.len();
-            conn.awaiting = missing;
+            conn.hello_deadline = None;
         }
+        Ok(())
     }
 
-    /// Withdraws the connection's pending WAIT (cancelled, replaced, or the connection closed),
-    /// so that the waiter lists hold only live waits however many come and go.
-    fn forget_wait(&mut self, id: u64) {
-        let Some(conn) = self.connections.get_mut(&id) else {
-            return;
-        };
-        conn.awaited = 0;
-        for key in std::mem::take(&mut conn.awaiting) {
-            if let Some(ids) = self.waiters.get_mut(&key) {
-                ids.retain(|&waiting| waiting != id);
-                if ids.is_empty() {
-                    self.waiters.remove(&key);
-                }
-            }
-        }
-    }
-
-    fn wake_waiters(&mut self, key: &str) {
-        let Some(ids) = self.waiters.remove(key) else {
-            return;
-        };
-        for id in ids {
-            let Some(conn) = self.connections.get_mut(&id) else {
-                continue;
-            };
-            conn.awaited = conn.awaited.saturating_sub(1);
-            if conn.awaited == 0 {
-                conn.awaiting.clear();
+    /// Tells every connection whose WAIT the table completed that it may stop waiting.
+    fn answer_woken(&mut self) {
+        for id in self.table.take_woken() {
+            if let Some(conn) = self.connections.get_mut(&id) {
                 Answer::StopWaiting.encode_into(&mut conn.output);
                 let _ = self.flush(id);
             }
         }
     }
 
-    fn close(&mut self, id: u64, why: Close) {
-        self.forget_wait(id);
+    fn close(&mut self, id: ConnId, why: Close) {
+        self.table.forget(id);
         if let Some(conn) = self.connections.remove(&id) {
             match why {
                 Close::Refused(reason) => {
@@ -725,8 +568,10 @@ impl Server {
                 // A rank's connection closed by the other end: news if the rank did not say it
                 // was leaving (see `membership.rs`).
                 Close::Gone => {
-                    if let Some((abort, why)) = membership::vanished(&self.values, conn.peer) {
-                        let _ = self.set(abort, why);
+                    if let Some((abort, why)) = membership::vanished(self.table.values(), conn.peer)
+                    {
+                        let _ = self.table.set(abort, why);
+                        self.answer_woken();
                     }
                 }
             }
@@ -736,7 +581,7 @@ impl Server {
     /// Drops connections that did not validate in time.
     fn drop_silent(&mut self) {
         let now = Instant::now();
-        let silent: Vec<u64> = self
+        let silent: Vec<ConnId> = self
             .connections
             .iter()
             .filter(|(_, c)| c.hello_deadline.is_some_and(|d| d <= now))
@@ -752,8 +597,8 @@ impl Server {
         let before = stats.open_connections;
         stats.open_connections = self.connections.len();
         stats.peers = self.connections.values().map(|c| c.peer).collect();
-        stats.stored_bytes = self.stored_bytes;
-        stats.awaited_keys = self.waiters.len();
+        stats.stored_bytes = self.table.stored_bytes();
+        stats.awaited_keys = self.table.awaited_keys();
         if stats.open_connections < before {
             self.shared.changed.notify_all();
         }
@@ -778,10 +623,6 @@ impl Server {
 
 fn refusal(malformed: &Malformed) -> String {
     format!("malformed request ({malformed})")
-}
-
-fn entry_bytes(key: &str, value: &[u8]) -> usize {
-    key.len() + value.len() + ENTRY_OVERHEAD
 }
 
 fn poll_fd(fd: std::os::fd::RawFd, events: libc::c_short) -> libc::pollfd {

@@ -7,8 +7,8 @@
 //! `kernel.yama.ptrace_scope` 0; at 1 only if the sender named the reader, or anyone, with
 //! `PR_SET_PTRACER`, which [`allow_peers`] does, as Open MPI does; at 2 and 3 never). Whether it
 //! works is tested at connect time, by reading a token from every peer of the host; the job uses
-//! it only if every pair can (see `shm::agree_on_copy`), and under `--copy auto` only where it
-//! was measured to win ([`THRESHOLD_BYTES`]: nowhere on the machine this was written on).
+//! it only if every pair can (see `agree_on_copy` in `wiring.rs`), and under `--copy auto` only
+//! where it was measured to win ([`THRESHOLD_BYTES`]: nowhere on the machine this was written on).
 
 use std::io;
 

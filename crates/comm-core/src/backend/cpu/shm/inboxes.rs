@@ -1,6 +1,6 @@
 //! Mapping the host's inboxes, over the store: which ranks share this host, each rank's inbox
 //! created and published, every peer's opened and checked, and the pairs that mapped each
-//! other kept (the setup `connect` in `mod.rs` runs; see its module comment).
+//! other kept (part of the wiring `connect` in `wiring.rs` runs; see its module comment).
 
 use super::super::connected::TransportChoice;
 use super::ring::{Geometry, Inbox};

@@ -1,0 +1,500 @@
+//! Shared memory's data path: how a message moves between two ranks of a host once their rings
+//! are wired (`wiring.rs`): through the slots of a ring, two copies, or by one copy out of the
+//! sender's buffer (cross-memory attach), the wait for a slot or a reader between, and TCP for
+//! the ranks of other hosts.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::cma;
+use super::ring::{Doorbell, Ring};
+use super::segment::Segment;
+use crate::backend::cpu::context::Context;
+use crate::backend::cpu::tcp::TcpTransport;
+use crate::backend::cpu::transport::{
+    piece, piece_count, recv_pieces, send_pieces, send_while_receiving, size_mismatch, CallScope,
+    Deadline, Sink, Transport,
+};
+use crate::error::{CommError, Result};
+use crate::streaming::{copy, Stores};
+use crate::trace;
+
+/// Spins before yielding, then yields before sleeping: short waits (a peer a slot behind) cost
+/// no system call; waits up to [`YIELDING`] give the core to any rank that can run (the one
+/// waited for, when ranks outnumber cores) yet wake at once; only longer ones sleep, where a
+/// wake-up costs a system call and the scheduler's delay.
+const SPINS: u32 = 64;
+/// Measured on 2 and 4 ranks of a 2-core VM (`comm-bench --collectives all -b 8 -e 64M -f 4`,
+/// `-z 0` against `-z 3`): with 50 yields and then sleeps, back-to-back calls cost up to 7x a call
+/// on its own (a rank woken from its futex after each barrier); yielding for 2 ms brings that
+/// within 1.2x on 2 ranks for all but 7 of 192 rows.
+const YIELDING: Duration = Duration::from_millis(2);
+/// The longest a sleeping rank goes without checking the deadline and its peers.
+const NAP: Duration = Duration::from_millis(5);
+
+/// Processes as ranks: shared memory to the ranks of this host, TCP to the others (see the
+/// module's documentation). Built by `wiring::connect` where a peer shares this host.
+pub struct ShmTcpTransport {
+    /// Links to every peer: the data path to ranks of other hosts, and everywhere the signal
+    /// that a peer has gone or failed.
+    tcp: TcpTransport,
+    /// The rank, the call's deadline and the first failure, shared with `tcp`.
+    ctx: Arc<Context>,
+    /// Per peer: the rings shared with it, or `None` where bytes go over TCP.
+    pairs: Vec<Option<Pair>>,
+    /// This rank's doorbell, rung by peers that fill or free a slot it may wait for.
+    doorbell: Doorbell,
+    /// Messages of this many bytes or more go by one copy (cross-memory attach); `None`: all
+    /// through the rings.
+    single_from: Option<usize>,
+    /// The mappings the rings point into; declared after `pairs` and `doorbell`, so dropped
+    /// after them.
+    _segments: Vec<Segment>,
+}
+
+/// The two rings between this rank and one peer of its host.
+pub(super) struct Pair {
+    /// Ours to write, in the peer's inbox.
+    outgoing: Mutex<Ring>,
+    /// Ours to read, in our inbox.
+    incoming: Mutex<Ring>,
+    /// The peer's doorbell: rung after writing to it or freeing a slot it writes.
+    bell: Doorbell,
+    /// The peer's process, whose memory the one-copy path reads.
+    pid: libc::pid_t,
+    /// Where pieces read from the peer's buffer for a sink wait for it (one-copy path).
+    staging: Mutex<Vec<u64>>,
+}
+
+impl Pair {
+    /// The pair that writes into `outgoing` (in the peer's inbox), reads from `incoming` (in
+    /// ours), rings `bell` (the peer's) and reads by one copy from process `pid` (0 where the
+    /// job sends no message by one copy).
+    pub(super) fn new(outgoing: Ring, incoming: Ring, bell: Doorbell, pid: libc::pid_t) -> Pair {
+        Pair {
+            outgoing: Mutex::new(outgoing),
+            incoming: Mutex::new(incoming),
+            bell,
+            pid,
+            staging: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+/// Where a received message goes.
+enum Dest<'a> {
+    /// Into this buffer, whose writes take these stores.
+    Buffer(&'a mut [u8], Stores),
+    /// Piece by piece to a sink (see [`Transport::send_recv_with`]).
+    Sink(Sink<'a>),
+}
+
+impl Dest<'_> {
+    /// Hands over the piece at `offset`.
+    fn put(&mut self, offset: usize, piece: &[u8]) {
+        match self {
+            Dest::Buffer(out, stores) => {
+                trace::timed("ring", "copy out of the ring", piece.len(), || {
+                    copy(*stores, &mut out[offset..offset + piece.len()], piece)
+                })
+            }
+            Dest::Sink(sink) => sink(offset, piece),
+        }
+    }
+}
+
+impl ShmTcpTransport {
+    /// The transport over `tcp` (connected to every peer) whose pairs on this host are `pairs`
+    /// (by peer; `None` where bytes go over TCP), woken by `doorbell`; messages from
+    /// `single_from` bytes go by one copy. `segments` hold the mappings the rings point into.
+    pub(super) fn new(
+        tcp: TcpTransport,
+        pairs: Vec<Option<Pair>>,
+        doorbell: Doorbell,
+        single_from: Option<usize>,
+        segments: Vec<Segment>,
+    ) -> ShmTcpTransport {
+        ShmTcpTransport {
+            ctx: tcp.context(),
+            tcp,
+            pairs,
+            doorbell,
+            single_from,
+            _segments: segments,
+        }
+    }
+
+    /// Ranks this rank reaches through shared memory.
+    pub fn shared_peers(&self) -> usize {
+        self.pairs.iter().flatten().count()
+    }
+
+    /// Waits until `ready()` holds, checked after every ring of this rank's doorbell. While it
+    /// sleeps it checks the deadline and the peers in `watch` (their TCP links closing means
+    /// they died or failed); `doing` says, for the error, what waited on whom.
+    fn wait(
+        &self,
+        deadline: Deadline,
+        mut ready: impl FnMut() -> bool,
+        watch: &[(usize, &'static str)],
+    ) -> Result<()> {
+        let bell = self.doorbell;
+        let mut round = 0u32;
+        let mut yielding_since = None;
+        loop {
+            let seen = bell.seen();
+            if ready() {
+                return Ok(());
+            }
+            round += 1;
+            if round <= SPINS {
+                std::hint::spin_loop();
+                continue;
+            }
+            let since = *yielding_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() < YIELDING {
+                std::thread::yield_now();
+                continue;
+            }
+            self.ctx.check()?;
+            let rank = self.ctx.rank();
+            for &(peer, doing) in watch {
+                if self.tcp.peer_closed(peer) {
+                    let e = CommError::PeerClosed { rank, peer, doing };
+                    return Err(self.ctx.fail(e));
+                }
+            }
+            let Some(nap) = deadline.wait_at_most(NAP) else {
+                let (peer, doing) = watch[0];
+                return Err(self.ctx.fail(CommError::Timeout {
+                    what: format!("rank {peer} while rank {rank} was {doing} it"),
+                    timeout: self.ctx.timeout(),
+                    detail: " (is that rank stuck, or did the ranks call different collectives?)"
+                        .into(),
+                    missing: vec![peer],
+                }));
+            };
+            bell.sleep(seen, nap);
+        }
+    }
+
+    /// The next message from shared-memory peer `peer` (through `pair`), which must be `len`
+    /// bytes, into `dest`: a buffer at once, or a sink piece by piece.
+    fn recv_from(&self, pair: &Pair, peer: usize, len: usize, mut dest: Dest<'_>) -> Result<()> {
+        let deadline = self.ctx.deadline();
+        self.ctx.check()?;
+        let ring = pair.incoming.lock().unwrap();
+        let size = ring.slot_bytes();
+        if self.single_copy(len) {
+            self.wait(deadline, || ring.can_read(), &[(peer, "receiving from")])?;
+            return self.take_reference(pair, &ring, peer, len, &mut dest);
+        }
+        for i in 0..piece_count(len, size) {
+            self.wait(deadline, || ring.can_read(), &[(peer, "receiving from")])?;
+            self.take_piece(pair, &ring, peer, len, i * size, &mut dest)?;
+        }
+        Ok(())
+    }
+
+    /// A step that combines with a shared-memory peer on one side and a TCP peer on the other.
+    /// Each link keeps the framing that link's kind has in this step on every rank: one message
+    /// through the ring to or from the shared-memory peer (as [`Self::exchange`] sends and takes
+    /// it), pieces of PIECE_BYTES over TCP (as a TCP-only rank's step does). Were the two sides
+    /// framed alike, a neighbour whose both peers share its memory would read a piece where it
+    /// expects the whole message.
+    fn mixed_send_recv_with(
+        &self,
+        to: usize,
+        data: &[u8],
+        from: usize,
+        len: usize,
+        sink: Sink<'_>,
+    ) -> Result<()> {
+        let _call = CallScope::new(self);
+        send_while_receiving(
+            || match self.pairs[to] {
+                Some(_) => self.send(to, data),
+                None => send_pieces(&self.tcp, to, data),
+            },
+            || match &self.pairs[from] {
+                Some(pair) => self.recv_from(pair, from, len, Dest::Sink(sink)),
+                None => recv_pieces(&self.tcp, from, len, sink),
+            },
+        )
+    }
+
+    /// Whether a message of `len` bytes goes by one copy.
+    fn single_copy(&self, len: usize) -> bool {
+        self.single_from.is_some_and(|from| len >= from && len > 0)
+    }
+
+    /// Reads the next slot of `ring` (from `peer`), part of a message that must be `len` bytes,
+    /// into `dest` at `offset`; the piece is `len - offset` bytes at most one slot.
+    fn take_piece(
+        &self,
+        pair: &Pair,
+        ring: &Ring,
+        peer: usize,
+        len: usize,
+        offset: usize,
+        dest: &mut Dest<'_>,
+    ) -> Result<()> {
+        let (message_len, slot) = ring.peek();
+        if message_len != len {
+            // The rest of that message still fills slots: the pair is out of step for good.
+            let e = size_mismatch(self.ctx.rank(), peer, message_len, len);
+            return Err(self.ctx.fail(e));
+        }
+        let piece = (len - offset).min(ring.slot_bytes());
+        dest.put(offset, &slot[..piece]);
+        ring.release();
+        pair.bell.ring();
+        Ok(())
+    }
+
+    /// Takes the message of `len` bytes that `peer` posted by reference in the next slot of
+    /// `ring`: reads it out of the peer's buffer into `dest` (a buffer at once, a sink piece by
+    /// piece), then tells the peer it may reuse its buffer.
+    fn take_reference(
+        &self,
+        pair: &Pair,
+        ring: &Ring,
+        peer: usize,
+        len: usize,
+        dest: &mut Dest<'_>,
+    ) -> Result<()> {
+        let (message_len, slot) = ring.peek();
+        let (at, posted) = reference_of(slot);
+        if message_len != len || posted != len {
+            let e = size_mismatch(self.ctx.rank(), peer, message_len, len);
+            return Err(self.ctx.fail(e));
+        }
+        ring.release();
+        pair.bell.ring();
+        let read = match dest {
+            Dest::Buffer(out, _) => read_peer(pair.pid, at, out),
+            Dest::Sink(sink) => {
+                let mut staging = pair.staging.lock().unwrap();
+                let piece_bytes = cma::PIECE_BYTES;
+                // u64s: the pieces are cast to slices of any element type.
+                let words = len.min(piece_bytes).div_ceil(8).max(staging.len());
+                staging.resize(words, 0);
+                let buffer: &mut [u8] = bytemuck::cast_slice_mut(&mut staging[..]);
+                (0..piece_count(len, piece_bytes)).try_for_each(|i| {
+                    let range = piece(len, piece_bytes, i);
+                    let buffer = &mut buffer[..range.len()];
+                    read_peer(pair.pid, at + range.start, buffer)?;
+                    sink(range.start, buffer);
+                    Ok(())
+                })
+            }
+        };
+        if let Err(e) = read {
+            let rank = self.ctx.rank();
+            return Err(self.ctx.fail(CommError::Backend(format!(
+                "rank {rank} could not read rank {peer}'s buffer by cross-memory attach: {e}"
+            ))));
+        }
+        ring.mark_done();
+        pair.bell.ring();
+        Ok(())
+    }
+
+    /// Both halves of a step with a shared-memory peer on each side (see `send_recv_with`):
+    /// `data` to `to` while `len` bytes from `from` go to `dest`, each by one copy or by the
+    /// ring as its size says.
+    fn exchange(
+        &self,
+        (to, out_pair): (usize, &Pair),
+        data: &[u8],
+        (from, in_pair): (usize, &Pair),
+        len: usize,
+        mut dest: Dest<'_>,
+    ) -> Result<()> {
+        let deadline = self.ctx.deadline();
+        self.ctx.check()?;
+        let outgoing = out_pair.outgoing.lock().unwrap();
+        let incoming = in_pair.incoming.lock().unwrap();
+        let (out_size, in_size) = (outgoing.slot_bytes(), incoming.slot_bytes());
+        let (send_ref, take_ref) = (self.single_copy(data.len()), self.single_copy(len));
+        let to_send = if send_ref {
+            1
+        } else {
+            piece_count(data.len(), out_size)
+        };
+        let to_take = if take_ref {
+            1
+        } else {
+            piece_count(len, in_size)
+        };
+        let (mut sent, mut taken) = (0, 0);
+        // The count of `done` that says the peer has read our posted buffer.
+        let mut awaiting: Option<u32> = None;
+        while sent < to_send || awaiting.is_some() || taken < to_take {
+            let can_send = |sent: usize| sent < to_send && outgoing.can_write();
+            let can_take = |taken: usize| taken < to_take && incoming.can_read();
+            let is_done = |awaiting: Option<u32>| awaiting.is_some_and(|t| outgoing.done() == t);
+            if !can_send(sent) && !can_take(taken) && !is_done(awaiting) {
+                // Only the peers still owed something: one that has all it needs from this
+                // rank may finish its part and exit.
+                let watch: Vec<_> = [
+                    (taken < to_take).then_some((from, "receiving from")),
+                    (sent < to_send || awaiting.is_some()).then_some((to, "sending to")),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                let ready = || can_send(sent) || can_take(taken) || is_done(awaiting);
+                self.wait(deadline, ready, &watch)?;
+            }
+            if can_send(sent) {
+                match send_ref {
+                    true => awaiting = Some(post_reference(&outgoing, data)),
+                    false => write_piece(&outgoing, data, piece(data.len(), out_size, sent)),
+                }
+                out_pair.bell.ring();
+                sent += 1;
+            }
+            if can_take(taken) {
+                match take_ref {
+                    true => self.take_reference(in_pair, &incoming, from, len, &mut dest)?,
+                    false => {
+                        let offset = taken * in_size;
+                        self.take_piece(in_pair, &incoming, from, len, offset, &mut dest)?
+                    }
+                }
+                taken += 1;
+            }
+            if is_done(awaiting) {
+                awaiting = None;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Copies `data[range]`, a piece of a message of `data.len()` bytes, into the next slot of
+/// `ring` (which must have one free): the first of the two copies, a "ring" slice when tracing.
+fn write_piece(ring: &Ring, data: &[u8], range: std::ops::Range<usize>) {
+    let piece = &data[range];
+    trace::timed("ring", "copy into the ring", piece.len(), || {
+        ring.write(data.len(), piece)
+    })
+}
+
+/// Reads `out.len()` bytes at `at` in process `pid`: the one copy, a "read" slice when tracing.
+fn read_peer(pid: libc::pid_t, at: usize, out: &mut [u8]) -> std::io::Result<()> {
+    trace::timed("read", "read the sender's buffer", out.len(), || {
+        cma::read(pid, at, out)
+    })
+}
+
+/// Posts `data` by reference in the next slot of `ring` (which must have one free): its address
+/// and length, for the receiver to read it itself. Returns the count of `done` that says the
+/// receiver has; `data` must stay as it is until then.
+fn post_reference(ring: &Ring, data: &[u8]) -> u32 {
+    let target = ring.done().wrapping_add(1);
+    let mut posted = [0u8; 16];
+    posted[..8].copy_from_slice(&(data.as_ptr() as u64).to_ne_bytes());
+    posted[8..].copy_from_slice(&(data.len() as u64).to_ne_bytes());
+    ring.write(data.len(), &posted);
+    target
+}
+
+/// The address and length [`post_reference`] wrote in `slot`.
+fn reference_of(slot: &[u8]) -> (usize, usize) {
+    let word = |at: usize| u64::from_ne_bytes(slot[at..at + 8].try_into().unwrap()) as usize;
+    (word(0), word(8))
+}
+
+impl Transport for ShmTcpTransport {
+    fn rank(&self) -> usize {
+        self.ctx.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.ctx.world_size()
+    }
+
+    fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
+        let Some(pair) = &self.pairs[peer] else {
+            return self.tcp.send(peer, data);
+        };
+        let deadline = self.ctx.deadline();
+        self.ctx.check()?;
+        let ring = pair.outgoing.lock().unwrap();
+        if self.single_copy(data.len()) {
+            let watch = &[(peer, "sending to")];
+            self.wait(deadline, || ring.can_write(), watch)?;
+            let target = post_reference(&ring, data);
+            pair.bell.ring();
+            return self.wait(deadline, || ring.done() == target, watch);
+        }
+        let size = ring.slot_bytes();
+        for i in 0..piece_count(data.len(), size) {
+            self.wait(deadline, || ring.can_write(), &[(peer, "sending to")])?;
+            write_piece(&ring, data, piece(data.len(), size, i));
+            pair.bell.ring();
+        }
+        Ok(())
+    }
+
+    fn recv(&self, peer: usize, out: &mut [u8]) -> Result<()> {
+        let Some(pair) = &self.pairs[peer] else {
+            return self.tcp.recv(peer, out);
+        };
+        let len = out.len();
+        self.recv_from(
+            pair,
+            peer,
+            len,
+            Dest::Buffer(out, Stores::for_destination(len)),
+        )
+    }
+
+    fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
+        let (Some(out_pair), Some(in_pair)) = (&self.pairs[to], &self.pairs[from]) else {
+            // A TCP peer on one side: a whole message each way, as a step on either kind of
+            // link takes on every rank, the sending on a second thread.
+            let _call = CallScope::new(self);
+            return send_while_receiving(|| self.send(to, data), || self.recv(from, out));
+        };
+        let len = out.len();
+        let dest = Dest::Buffer(out, Stores::for_destination(len));
+        self.exchange((to, out_pair), data, (from, in_pair), len, dest)
+    }
+
+    /// Between two shared-memory peers, one thread does both halves: it fills a slot of the
+    /// next rank whenever one is free and takes one from the previous rank whenever one is
+    /// full, so the peer's copy of the next piece overlaps this rank's work on the current one.
+    /// A message that goes by one copy takes one slot, its address, and the sender waits until
+    /// the receiver has read it.
+    fn send_recv_with(
+        &self,
+        to: usize,
+        data: &[u8],
+        from: usize,
+        len: usize,
+        sink: Sink<'_>,
+    ) -> Result<()> {
+        let (Some(out_pair), Some(in_pair)) = (&self.pairs[to], &self.pairs[from]) else {
+            return self.mixed_send_recv_with(to, data, from, len, sink);
+        };
+        self.exchange((to, out_pair), data, (from, in_pair), len, Dest::Sink(sink))
+    }
+
+    fn begin_call(&self) -> bool {
+        self.ctx.begin_call()
+    }
+
+    fn end_call(&self) {
+        self.ctx.end_call()
+    }
+
+    fn name(&self) -> &'static str {
+        match self.shared_peers() == self.world_size() - 1 {
+            true => "shm",
+            false => "shm+tcp",
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! Wiring shared memory between the ranks of a host, over the store, after the TCP links (which
+//! stay as the way a dead or failed peer is noticed): which ranks share the host, their inboxes
+//! mapped (`inboxes.rs`), whether every pair may read each other's memory (`cma.rs`), agreed by
+//! the whole job, and each pair's rings handed to the data path (`data_path.rs`).
+
+use super::cma;
+use super::data_path::{Pair, ShmTcpTransport};
+use super::inboxes::{host_ranks, share_memory, summary, unmapped_peers, Shared};
+use super::ring::Inbox;
+use super::segment;
+use crate::backend::cpu::connected::{Connected, CopyChoice, TransportChoice, Wiring};
+use crate::backend::cpu::tcp::TcpTransport;
+use crate::backend::cpu::transport::Transport;
+use crate::error::{CommError, Result};
+use crate::store::Scoped;
+
+/// Whether each rank of the host can read its peers' memory: the pids of the peers this rank
+/// can read, or why it cannot read one.
+type Readable = std::result::Result<Vec<(usize, libc::pid_t)>, String>;
+
+/// What the job agreed on for copies (see `agree_on_copy`).
+struct Copying {
+    /// The pids of the peers this rank reads by one copy.
+    pids: Vec<(usize, libc::pid_t)>,
+    /// The size from which messages take one copy; `None`: none does.
+    single_from: Option<usize>,
+    /// What the transport line adds.
+    note: String,
+}
+
+impl Copying {
+    /// Every message through the rings, the line adding `note`.
+    fn rings(note: String) -> Copying {
+        Copying {
+            pids: Vec::new(),
+            single_from: None,
+            note,
+        }
+    }
+}
+
+/// Moves the pairs of this host that can share memory off `tcp` (connected to every peer), as
+/// `choice` says: `Auto` wherever it can be set up, `Shm` for every pair or an error. Where no
+/// pair can, `tcp` goes on alone, with the reason.
+pub(in crate::backend::cpu) fn connect(
+    tcp: TcpTransport,
+    scope: &Scoped,
+    wiring: Wiring,
+) -> Result<Connected> {
+    let choice = wiring.transport;
+    let (rank, world_size) = (tcp.rank(), tcp.world_size());
+    let scope = scope.scoped("shm");
+    let host = host_ranks(&scope, rank)?;
+    if choice == TransportChoice::Shm && host.len() < world_size {
+        return Err(ranks_elsewhere(rank, world_size, &host));
+    }
+    let peers: Vec<usize> = host.iter().copied().filter(|&r| r != rank).collect();
+    // Kept until every rank has said whether it could read it (agree_on_copy).
+    let _probe = match wiring.copy {
+        CopyChoice::Ring => None,
+        _ => {
+            cma::allow_peers();
+            let probe = cma::Probe::new(segment::random_token());
+            scope.set_at("probe", rank, probe.published().as_bytes())?;
+            Some(probe)
+        }
+    };
+    if peers.is_empty() {
+        agree_on_copy(&scope, rank, world_size, wiring.copy, Ok(Vec::new()))?;
+        return Ok(Connected::alone(tcp, "no other rank on this host"));
+    }
+    let shared = share_memory(&scope, rank, &peers)?;
+    unmapped_peers(rank, &peers, &shared, choice)?;
+    let Shared {
+        inbox,
+        mapped,
+        segments,
+        ..
+    } = shared;
+    let Some(own) = inbox else {
+        agree_on_copy(&scope, rank, world_size, wiring.copy, Ok(Vec::new()))?;
+        return Ok(Connected::alone(tcp, "shared memory could not be set up"));
+    };
+    let readable = match wiring.copy {
+        CopyChoice::Ring => Ok(Vec::new()),
+        _ => {
+            let peers: Vec<usize> = mapped.iter().map(|(peer, _)| *peer).collect();
+            readable_peers(&scope, rank, &peers, wiring.refuse_cross_memory)?
+        }
+    };
+    let Copying {
+        pids,
+        single_from,
+        note,
+    } = agree_on_copy(&scope, rank, world_size, wiring.copy, readable)?;
+    let pairs = pairs(rank, world_size, &host, &own, &mapped, &pids);
+    let mut why = summary(rank, world_size, mapped.len(), host.len());
+    if !mapped.is_empty() {
+        why.push_str(&note);
+    }
+    let doorbell = own.doorbell();
+    let transport = ShmTcpTransport::new(tcp, pairs, doorbell, single_from, segments);
+    Ok(Connected {
+        transport: Box::new(transport),
+        why,
+    })
+}
+
+/// The error for `--transport shm` where some ranks run on other hosts than this one's `host`.
+fn ranks_elsewhere(rank: usize, world_size: usize, host: &[usize]) -> CommError {
+    let others = (0..world_size).filter(|r| !host.contains(r));
+    CommError::Usage(format!(
+        "--transport shm: rank {rank} shares its host with ranks {} only, and ranks {} \
+         run elsewhere; shared memory joins the ranks of one host (--transport auto uses \
+         it within each host and TCP between hosts)",
+        crate::error::rank_list(host.iter().copied()),
+        crate::error::rank_list(others)
+    ))
+}
+
+/// This rank's pair with every peer whose inbox it mapped (`None` for the others): its ring in
+/// the peer's inbox, the peer's ring in its own, the peer's doorbell and pid (0 where the job
+/// sends no message by single copy).
+fn pairs(
+    rank: usize,
+    world_size: usize,
+    host: &[usize],
+    own: &Inbox,
+    mapped: &[(usize, Inbox)],
+    pids: &[(usize, i32)],
+) -> Vec<Option<Pair>> {
+    let mut pairs: Vec<Option<Pair>> = (0..world_size).map(|_| None).collect();
+    for (peer, theirs) in mapped {
+        let pid = pids
+            .iter()
+            .find(|(p, _)| p == peer)
+            .map_or(0, |(_, pid)| *pid);
+        pairs[*peer] = Some(Pair::new(
+            theirs.ring(ring_index(host, rank, *peer)),
+            own.ring(ring_index(host, *peer, rank)),
+            theirs.doorbell(),
+            pid,
+        ));
+    }
+    pairs
+}
+
+/// Where ring of `sender` sits in `receiver`'s inbox: the sender's place among the receiver's
+/// peers of the host (`host` sorted, both in it).
+fn ring_index(host: &[usize], sender: usize, receiver: usize) -> usize {
+    host.iter()
+        .filter(|&&r| r != receiver)
+        .position(|&r| r == sender)
+        .expect("both ranks are on the host")
+}
+
+/// Checks that this rank can read the memory of each of `peers` (their published probes), as
+/// the one-copy path will; `refuse` fails the check (a test's stand-in for a host that forbids
+/// it).
+fn readable_peers(scope: &Scoped, rank: usize, peers: &[usize], refuse: bool) -> Result<Readable> {
+    let mut pids = Vec::new();
+    for (&peer, published) in peers.iter().zip(scope.get_at("probe", peers)?) {
+        let checked = match refuse {
+            true => Err("refused (a test's stand-in for a host that forbids it)".to_string()),
+            false => cma::check(&String::from_utf8_lossy(&published)),
+        };
+        match checked {
+            Ok(pid) => pids.push((peer, pid)),
+            Err(why) => {
+                return Ok(Err(format!(
+                    "rank {rank} cannot read rank {peer}'s memory: {why}"
+                )))
+            }
+        }
+    }
+    Ok(Ok(pids))
+}
+
+/// The job-wide choice of copy: every rank says whether it can read its peers' memory, and the
+/// one-copy path is used only if every rank can (`--copy auto`; `single` fails saying who
+/// cannot). Returns the peers' pids, the size from which messages take one copy, and what the
+/// transport line adds.
+fn agree_on_copy(
+    scope: &Scoped,
+    rank: usize,
+    world_size: usize,
+    copy: CopyChoice,
+    readable: Readable,
+) -> Result<Copying> {
+    if copy == CopyChoice::Ring {
+        let note = "; two copies through its rings (--copy ring)";
+        return Ok(Copying::rings(note.into()));
+    }
+    let ours = match &readable {
+        Ok(_) => "yes".to_string(),
+        Err(why) => why.clone(),
+    };
+    scope.set_at("readable", rank, ours.as_bytes())?;
+    let answers = scope.get_at("readable", 0..world_size)?;
+    let refusal = answers
+        .iter()
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .find(|a| a != "yes");
+    match (refusal, readable) {
+        (None, Ok(pids)) => Ok(match copy {
+            CopyChoice::Single => Copying {
+                pids,
+                single_from: Some(1),
+                note: "; one copy for every message, by cross-memory attach (--copy single)".into(),
+            },
+            _ => Copying {
+                pids,
+                single_from: cma::THRESHOLD_BYTES,
+                note: String::new(),
+            },
+        }),
+        (refusal, _) => {
+            let why = refusal.unwrap_or_default();
+            if copy == CopyChoice::Single {
+                return Err(CommError::Backend(format!(
+                    "--copy single: {why} (--copy ring or auto runs without it)"
+                )));
+            }
+            Ok(Copying::rings(format!(
+                "; two copies through its rings: {why}"
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::transport::piece_count;
+
+    #[test]
+    fn each_sender_has_its_own_ring_in_each_inbox() {
+        let host = [0, 2, 5];
+        // Rank 0's inbox holds rings for 2 and 5; rank 5's for 0 and 2.
+        assert_eq!(ring_index(&host, 2, 0), 0);
+        assert_eq!(ring_index(&host, 5, 0), 1);
+        assert_eq!(ring_index(&host, 0, 5), 0);
+        assert_eq!(ring_index(&host, 2, 5), 1);
+        assert_eq!(piece_count(0, 64), 1);
+        assert_eq!(piece_count(129, 64), 3);
+    }
+}
