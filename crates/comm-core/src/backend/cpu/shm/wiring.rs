@@ -42,11 +42,7 @@ impl Copying {
 /// Moves the pairs of this host that can share memory off `tcp` (connected to every peer), as
 /// `choice` says: `Auto` wherever it can be set up, `Shm` for every pair or an error. Where no
 /// pair can, `tcp` goes on alone, with the reason.
-pub(in crate::backend::cpu) fn connect(
-    tcp: TcpTransport,
-    scope: &Scoped,
-    wiring: Wiring,
-) -> Result<Connected> {
+pub(crate) fn connect(tcp: TcpTransport, scope: &Scoped, wiring: Wiring) -> Result<Connected> {
     let choice = wiring.transport;
     let (rank, world_size) = (tcp.rank(), tcp.world_size());
     let scope = scope.scoped("shm");
