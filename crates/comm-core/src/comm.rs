@@ -16,6 +16,7 @@ use crate::dtype::{Element, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::steps;
 use crate::store::Store;
+use crate::trace::Span;
 
 /// Elements on the communicator's device: host memory for the CPU backend, GPU memory for NCCL.
 #[derive(Debug)]
@@ -433,19 +434,16 @@ impl Communicator {
 
     /// Blocks until every rank has called it.
     pub fn barrier(&self) -> Result<()> {
-        let _range = crate::profile::range(|| "barrier".into());
         crate::phase::enter(crate::phase::Phase::Barrier);
         let _between = PhaseAfterCall;
-        let start = crate::trace::on().then(crate::trace::now);
-        let done = match &self.engine {
+        // Its own box on a timeline: a barrier's messages are not a collective's steps.
+        let _span = Span::slice("barrier", "barrier")
+            .with_args(crate::trace::Args::bytes(0))
+            .with_range(|| "barrier".into());
+        match &self.engine {
             Engine::Cpu(t) => algorithms::barrier(t.as_ref()),
             Engine::Nccl(nccl) => nccl.barrier(),
-        };
-        if let Some(start) = start {
-            // Its own box on a timeline: a barrier's messages are not a collective's steps.
-            crate::trace::slice("barrier", "barrier", start, crate::trace::Args::bytes(0));
         }
-        done
     }
 
     /// Runs one call of the collective table on this rank's buffers (`send` `None`: in place,
@@ -463,14 +461,6 @@ impl Communicator {
         } else {
             "in-place"
         };
-        let _range = crate::profile::range(|| {
-            format!(
-                "{} {placement} {} x {}",
-                call.collective,
-                T::DTYPE,
-                recv.len()
-            )
-        });
         let checked = call.check(
             send.map(Buffer::len),
             recv.len(),
@@ -479,19 +469,15 @@ impl Communicator {
         )?;
         crate::phase::enter_collective(call.collective);
         let _between = PhaseAfterCall;
-        let traced = crate::trace::on().then(|| {
-            let bytes = recv.len() * std::mem::size_of::<T>();
-            let args = crate::trace::Args {
-                placement: Some(placement),
-                ..crate::trace::Args::bytes(bytes)
-            };
-            (crate::trace::now(), args)
-        });
-        let done = self.run_checked(&checked, send, recv);
-        if let Some((start, args)) = traced {
-            crate::trace::slice("call", call.collective.name(), start, args);
-        }
-        done
+        let len = recv.len();
+        let args = crate::trace::Args {
+            placement: Some(placement),
+            ..crate::trace::Args::bytes(len * std::mem::size_of::<T>())
+        };
+        let _span = Span::slice("call", call.collective.name())
+            .with_args(args)
+            .with_range(|| format!("{} {placement} {} x {len}", call.collective, T::DTYPE));
+        self.run_checked(&checked, send, recv)
     }
 
     /// Runs a checked call on this rank's backend.
@@ -655,7 +641,7 @@ impl Communicator {
     /// Sends `buf` to `peer`, which must call `recv` with a buffer of the same length: one
     /// message, not a collective.
     pub fn send<T: Element>(&self, buf: &Buffer<T>, peer: usize) -> Result<()> {
-        let _range = crate::profile::range(|| format!("send {} x {}", T::DTYPE, buf.len()));
+        let _span = Span::range(|| format!("send {} x {}", T::DTYPE, buf.len()));
         crate::collective::another_rank("send", peer, self.rank, self.world_size)?;
         match &self.engine {
             Engine::Cpu(t) => t.send(peer, bytemuck::cast_slice(host(buf)?)),
@@ -665,7 +651,7 @@ impl Communicator {
 
     /// Receives into `buf` what `peer` sends with [`send`](Self::send); the lengths must match.
     pub fn recv<T: Element>(&self, buf: &mut Buffer<T>, peer: usize) -> Result<()> {
-        let _range = crate::profile::range(|| format!("recv {} x {}", T::DTYPE, buf.len()));
+        let _span = Span::range(|| format!("recv {} x {}", T::DTYPE, buf.len()));
         crate::collective::another_rank("recv", peer, self.rank, self.world_size)?;
         match &self.engine {
             Engine::Cpu(t) => t.recv(peer, bytemuck::cast_slice_mut(host_mut(buf)?)),

@@ -47,7 +47,7 @@ impl Job {
     pub fn rendezvous(topology: &Topology, settings: &Settings) -> Result<Job> {
         let selection = backend::select(settings.backend)?;
         let (rank, world_size) = (topology.rank, topology.world_size);
-        let _range = crate::profile::range(|| "rendezvous".into());
+        let _span = crate::trace::Span::range(|| "rendezvous".into());
         crate::phase::enter(Phase::Rendezvous);
         let server = match (rank, topology.store) {
             (0, StoreHost::RankZero) => Some(StoreServer::bind_job(
@@ -124,7 +124,7 @@ impl Job {
         let name = format!("comm{}", self.built.fetch_add(1, Ordering::SeqCst));
         let topology = &self.topology;
         let (rank, world_size) = (topology.rank, topology.world_size);
-        let _range = crate::profile::range(|| format!("communicator init ({})", selection.kind));
+        let _span = crate::trace::Span::range(|| format!("communicator init ({})", selection.kind));
         let ours = selection.kind.to_string();
         let scope = self.store.scoped(&name);
         crate::phase::enter(Phase::Connecting);

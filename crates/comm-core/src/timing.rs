@@ -305,7 +305,7 @@ pub fn time_loop_with(
             n => comm.group(|| (0..n).try_for_each(|_| op())),
         }
     };
-    let warming = crate::profile::range(|| format!("warm-up x{}", plan.warmup));
+    let warming = crate::trace::Span::range(|| format!("warm-up x{}", plan.warmup));
     for _ in 0..plan.warmup {
         comm.barrier()?;
         iteration(&mut op)?;
@@ -327,7 +327,7 @@ pub fn time_loop_with(
     };
     // Every rank starts the timed loop together, as after nccl-tests' Barrier.
     comm.barrier()?;
-    let timed = crate::profile::range(|| format!("timed loop x{iters}"));
+    let timed = crate::trace::Span::range(|| format!("timed loop x{iters}"));
     let (total, host) = run_timed(comm, plan.waiting, iters, &mut mark, &mut iteration)?;
     drop(timed);
     let calls = (iters.max(1) * aggregate) as f64;

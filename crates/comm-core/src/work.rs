@@ -130,11 +130,9 @@ impl AsyncComm {
         let (reply, answer) = bounded(1);
         let name = what.clone();
         let request: Request = Box::new(move |comm| {
-            let start = crate::trace::on().then(crate::trace::now);
+            let span = crate::trace::Span::slice("async", name);
             let result = call(comm);
-            if let Some(start) = start {
-                crate::trace::slice("async", name, start, crate::trace::Args::default());
-            }
+            drop(span);
             let ok = result.is_ok();
             let _ = reply.send(result);
             ok

@@ -17,6 +17,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use comm_core::trace::Span;
 use comm_core::{AsyncComm, CommError, Communicator, ReduceOp, Result, Work};
 
 use crate::buckets::{self, Bucket};
@@ -233,7 +234,7 @@ impl Ddp {
         if let Some(dump) = &mut self.dump {
             dump.batch(&samples)?;
         }
-        let span = crate::span::trace_span("forward");
+        let span = Span::slice("compute", "forward");
         let loss = self.model.forward(&self.params, &samples);
         drop(span);
 
@@ -274,7 +275,7 @@ impl Ddp {
 
         // Wait for every bucket, in order, and put the mean gradients back.
         for (k, work) in works.into_iter().enumerate() {
-            let span = crate::span::trace_span_as("wait", format!("wait for bucket {k}"));
+            let span = Span::slice("wait", format!("wait for bucket {k}"));
             let (reduced, waited) = work.expect("every bucket started").wait_timed();
             drop(span);
             self.waited += waited;
@@ -296,7 +297,7 @@ impl Ddp {
     /// SGD with momentum on the averaged gradients, as torch.optim.SGD: buf = momentum·buf +
     /// grad; p -= lr·buf.
     fn optimizer_step(&mut self) {
-        let _span = crate::span::trace_span("optimizer step");
+        let _span = Span::slice("compute", "optimizer step");
         let (lr, mu) = (self.config.lr, self.config.momentum);
         for ((p, g), m) in self
             .params
@@ -395,12 +396,6 @@ pub fn checksum(params: &[f32]) -> u32 {
 /// to the comm thread.
 fn mark_start(k: usize) {
     if comm_core::trace::on() {
-        let now = comm_core::trace::now();
-        comm_core::trace::slice(
-            "start",
-            format!("start bucket {k}"),
-            now,
-            Default::default(),
-        );
+        drop(Span::slice("start", format!("start bucket {k}")));
     }
 }

@@ -12,10 +12,8 @@ pub mod data;
 pub mod ddp;
 pub mod model;
 pub mod rng;
-pub mod span;
 
 pub use ddp::checksum;
 pub use ddp::{Config, Ddp, Report};
 pub use model::Shape;
 pub use rng::Rng;
-pub use span::{trace_span, trace_span_as, Span};

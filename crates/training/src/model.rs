@@ -12,6 +12,8 @@
 //! `matrixmultiply`'s sgemm. [`Model::backward`] produces the gradients a layer at a time, last
 //! layer first, and tells its caller after each layer: what DDP's autograd hooks hear.
 
+use comm_core::trace::Span;
+
 use crate::rng::Rng;
 
 /// The model's shape.
@@ -170,7 +172,7 @@ impl Model {
             row.iter_mut().for_each(|v| *v /= b as f32);
         }
         // Layer 3: logits = h2 @ w3 + b3.
-        let span = crate::span::trace_span("backward layer 3 (w3, b3)");
+        let span = Span::slice("compute", "backward layer 3 (w3, b3)");
         let dh2 = dense_backward(
             b,
             h,
@@ -185,13 +187,13 @@ impl Model {
         drop(span);
         ready(&[6, 5], grads);
         // Layer 2: h2 = tanh(h1 @ w2 + b2).
-        let span = crate::span::trace_span("backward layer 2 (w2, b2)");
+        let span = Span::slice("compute", "backward layer 2 (w2, b2)");
         let da2 = tanh_backward(dh2, &self.h2);
         let dh1 = dense_backward(b, h, h, &self.h1, p[3], &da2, grads, range(3), range(4));
         drop(span);
         ready(&[4, 3], grads);
         // Layer 1: h1 = tanh(e @ w1 + b1), then the embedding rows each sample looked up.
-        let span = crate::span::trace_span("backward layer 1 (w1, b1, emb)");
+        let span = Span::slice("compute", "backward layer 1 (w1, b1, emb)");
         let da1 = tanh_backward(dh1, &self.h1);
         let de = dense_backward(b, c * d, h, &self.e, p[1], &da1, grads, range(1), range(2));
         let demb = &mut grads[range(0)];

@@ -1,22 +1,6 @@
-//! Traces (`--trace FILE`): what every rank did and when, as Chrome's trace-event JSON, which
-//! Perfetto (ui.perfetto.dev) and chrome://tracing open: a process per rank (`pid` = rank, a
-//! track per thread of it), a slice per collective call and, on the CPU backend, a slice per send
-//! and receive with its byte count and an arrow from each send to its receive; on NCCL a slice
-//! per call on the GPU's own track, timed by CUDA events (`backend::nccl::gpu_trace`).
-//!
-//! Each rank records into its own memory, at most [`MAX_EVENTS`] events (later ones are counted
-//! as dropped, and the file says how many). When the job finishes every rank writes its part
-//! (`FILE.rank<r>`), and rank 0, once all have, merges the parts into `FILE`.
-//!
-//! Clocks: every rank stamps events with its host's realtime clock. Ranks on rank 0's host share
-//! that clock: their times agree exactly. A rank on another host adds its offset from rank 0's
-//! clock, measured through the store when tracing starts, as Cristian's algorithm does: it notes
-//! its time t1, asks rank 0 for its time T through the store, gets the answer at t2; rank 0's
-//! clock read t2 at about T + (t2 - t1) / 2, so the offset is known within ±(t2 - t1) / 2, half a
-//! store round trip (a few hundred microseconds over a cluster's network). The file records each
-//! rank's offset and bound (`otherData.ranks`).
-//!
-//! Off, the only cost is one relaxed atomic load per collective call: nothing else is wrapped.
+//! What a rank records for its trace, and the file it writes: events kept in memory as cheaply
+//! as they can be (slices, arrows, names), the clock set against rank 0's, each rank's part
+//! written and rank 0 merging them (see the module above for the whole story).
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -185,7 +169,8 @@ fn record(event: Event) {
     }
 }
 
-/// A slice on this rank's track, from `start` (see [`now`]) to now.
+/// A slice on this thread's track, from `start` (see [`now`]) to now: what a
+/// [`Span`](super::Span) records as it ends. Code marks a stretch of work with a `Span`.
 pub fn slice(cat: &'static str, name: impl Into<Cow<'static, str>>, start: f64, args: Args) {
     let (pid, tid) = place();
     let dur = (now() - start).max(0.0);
@@ -211,34 +196,6 @@ pub fn name_track(name: &str) {
     record(Event::Meta(
         json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}),
     ));
-}
-
-/// Runs `copy`, a local copy of `bytes`, as a `copy` slice when tracing.
-pub fn copying<R>(bytes: usize, copy: impl FnOnce() -> R) -> R {
-    copying_as("copy", bytes, copy)
-}
-
-/// [`copying`] under its own name ("copy to host", "copy to the GPU").
-pub fn copying_as<R>(name: &'static str, bytes: usize, copy: impl FnOnce() -> R) -> R {
-    timed("copy", name, bytes, copy)
-}
-
-/// Runs `work` on `bytes` as a slice of category `cat` named `name` when tracing ("ring": a
-/// copy into or out of a shared-memory ring; "read": the one-copy path reading the sender's
-/// buffer).
-pub fn timed<R>(
-    cat: &'static str,
-    name: &'static str,
-    bytes: usize,
-    work: impl FnOnce() -> R,
-) -> R {
-    if !on() {
-        return work();
-    }
-    let start = now();
-    let out = work();
-    slice(cat, name, start, Args::bytes(bytes));
-    out
 }
 
 /// The track of a rank's GPU stream: its slices are the GPU's times, not a host thread's.

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::transport::{Sink, Transport};
 use crate::error::Result;
-use crate::trace::{self, Args};
+use crate::trace::{self, Args, Span};
 
 /// `inner`, traced.
 pub struct Traced {
@@ -28,9 +28,10 @@ impl Traced {
         }
     }
 
-    /// Starts the arrow of the next message to `to`.
-    fn sending(&self, to: usize, ts: f64) {
+    /// Starts the arrow of the next message to `to`, where `span` (the send's slice) starts.
+    fn sending(&self, to: usize, span: &Span) {
         let seq = self.sent[to].fetch_add(1, Ordering::Relaxed);
+        let ts = span.start().unwrap_or_else(trace::now);
         trace::arrow(true, self.rank(), to, seq, ts);
     }
 
@@ -44,15 +45,15 @@ impl Traced {
         name: String,
         exchange: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
-        let start = trace::now();
-        self.sending(to, start);
-        let done = exchange();
         let args = Args {
             to: Some(to),
             from: Some(from),
             ..Args::bytes(bytes)
         };
-        trace::slice("sendrecv", name, start, args);
+        let span = Span::slice("sendrecv", name).with_args(args);
+        self.sending(to, &span);
+        let done = exchange();
+        drop(span);
         self.received(from, trace::now());
         done
     }
@@ -74,25 +75,23 @@ impl Transport for Traced {
     }
 
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
-        let start = trace::now();
-        self.sending(peer, start);
-        let sent = self.inner.send(peer, data);
         let args = Args {
             to: Some(peer),
             ..Args::bytes(data.len())
         };
-        trace::slice("send", format!("send to {peer}"), start, args);
-        sent
+        let span = Span::slice("send", format!("send to {peer}")).with_args(args);
+        self.sending(peer, &span);
+        self.inner.send(peer, data)
     }
 
     fn recv(&self, peer: usize, out: &mut [u8]) -> Result<()> {
-        let start = trace::now();
-        let received = self.inner.recv(peer, out);
         let args = Args {
             from: Some(peer),
             ..Args::bytes(out.len())
         };
-        trace::slice("recv", format!("receive from {peer}"), start, args);
+        let span = Span::slice("recv", format!("receive from {peer}")).with_args(args);
+        let received = self.inner.recv(peer, out);
+        drop(span);
         self.received(peer, trace::now());
         received
     }
