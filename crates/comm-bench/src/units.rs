@@ -72,47 +72,8 @@ pub fn sweep(min: u64, max: u64, step: Step) -> Result<Vec<u64>, BenchError> {
     }
 }
 
-/// A size for labels: `1 MB` for 10^6 multiples, `4 MiB` for 2^20 ones, else bytes.
-pub fn human_bytes(bytes: f64) -> String {
-    if bytes <= 0.0 || !bytes.is_finite() {
-        return format!("{bytes}");
-    }
-    let units = [
-        (1e12, "TB"),
-        (1e9, "GB"),
-        (1e6, "MB"),
-        (1e3, "KB"),
-        (1099511627776.0, "TiB"),
-        (1073741824.0, "GiB"),
-        (1048576.0, "MiB"),
-        (1024.0, "KiB"),
-    ];
-    // An exact multiple of a unit reads best; otherwise the decimal unit, rounded.
-    for (size, name) in units {
-        let n = bytes / size;
-        if n >= 1.0 && (n - n.round()).abs() < 1e-9 {
-            return format!("{} {name}", n.round());
-        }
-    }
-    for (size, name) in &units[..4] {
-        if bytes >= *size {
-            return format!("{} {name}", trim(format!("{:.3}", bytes / size)));
-        }
-    }
-    format!("{bytes} B")
-}
-
-/// `1.500` → `1.5`, `2.000` → `2`.
-pub fn trim(number: String) -> String {
-    if number.contains('.') {
-        number
-            .trim_end_matches('0')
-            .trim_end_matches('.')
-            .to_string()
-    } else {
-        number
-    }
-}
+// One way to write a byte count for people, shared with the library's messages.
+pub use comm_core::units::{human_bytes, trim};
 
 /// The sizes of a sweep and where its rows go, as nccl-tests takes them: a benchmark run and
 /// `comm-bench predict` share them (each with its own defaults, [`SweepDefaults`]).
@@ -217,17 +178,5 @@ mod tests {
         assert!(sweep(8, 64, Step::Bytes(0)).is_err());
         assert!(sweep(0, 64, Step::Factor(2)).is_err());
         assert!(sweep(1, 1 << 40, Step::Bytes(1)).is_err());
-    }
-
-    #[test]
-    fn labels() {
-        assert_eq!(human_bytes(1e6), "1 MB");
-        assert_eq!(human_bytes(1e9), "1 GB");
-        assert_eq!(human_bytes(4194304.0), "4 MiB");
-        assert_eq!(human_bytes(1024.0), "1 KiB");
-        assert_eq!(human_bytes(1048560.0), "1.049 MB");
-        assert_eq!(human_bytes(524280.0), "524.28 KB");
-        assert_eq!(trim("10.0".into()), "10");
-        assert_eq!(human_bytes(8.0), "8 B");
     }
 }

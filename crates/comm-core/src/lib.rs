@@ -38,6 +38,7 @@ pub mod streaming;
 pub mod timing;
 pub mod topology;
 pub mod trace;
+pub mod units;
 pub mod work;
 
 pub use backend::{BackendChoice, BackendKind, Device};

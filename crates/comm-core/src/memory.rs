@@ -4,6 +4,7 @@
 
 use crate::dtype::Element;
 use crate::error::{CommError, Result};
+use crate::units::human_bytes;
 
 /// Host memory below which a buffer is not checked against MemAvailable (reading it costs more
 /// than such a buffer).
@@ -32,14 +33,14 @@ pub fn check_fits<T: Element>(len: usize, copies: u64) -> Result<()> {
     if need > share {
         let ranks_text = match ranks {
             1 => String::new(),
-            n => format!(", {} for each of its {n} ranks", human_bytes(share)),
+            n => format!(", {} for each of its {n} ranks", human_bytes(share as f64)),
         };
         return Err(CommError::Usage(format!(
             "{} needs {} of host memory on this rank, but this node has {} available \
              (MemAvailable){ranks_text}: ask for fewer elements",
             what(),
-            human_bytes(need),
-            human_bytes(available),
+            human_bytes(need as f64),
+            human_bytes(available as f64),
         )));
     }
     Ok(())
@@ -56,20 +57,4 @@ pub fn available() -> Option<u64> {
         .parse::<u64>()
         .ok()?
         .checked_mul(1024)
-}
-
-/// Bytes in binary units, e.g. `3.7 TiB`.
-fn human_bytes(bytes: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < units.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", units[unit])
-    }
 }
