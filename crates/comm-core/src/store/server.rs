@@ -108,6 +108,21 @@ fn listen_ip(master_addr: &str) -> IpAddr {
     loopback.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
 }
 
+/// A table within `limits`, holding what the job's store holds before anyone connects (its
+/// world size and run id: see `membership.rs`).
+fn seeded_table(limits: &StoreLimits, world_size: usize, run_id: Option<&str>) -> Table {
+    let mut table = Table::new(Bounds {
+        max_keys: limits.max_keys,
+        max_value_bytes: limits.max_value_bytes,
+        max_stored_bytes: limits.max_stored_bytes,
+    });
+    for (key, value) in membership::seed(world_size, run_id) {
+        // A fresh store is far below every bound.
+        let _ = table.set(key, value);
+    }
+    table
+}
+
 impl StoreServer {
     /// Serves on 127.0.0.1 at `port` (0 picks a free one), without a run id: for tests and
     /// one-host tools. A job serves through [`StoreServer::bind_job`].
@@ -179,15 +194,7 @@ impl StoreServer {
             stats: Mutex::new(Stats::default()),
             changed: Condvar::new(),
         });
-        let mut table = Table::new(Bounds {
-            max_keys: limits.max_keys,
-            max_value_bytes: limits.max_value_bytes,
-            max_stored_bytes: limits.max_stored_bytes,
-        });
-        for (key, value) in membership::seed(world_size, run_id) {
-            // A fresh store is far below every bound.
-            let _ = table.set(key, value);
-        }
+        let table = seeded_table(&limits, world_size, run_id);
         let mut server = Server {
             listener,
             woken,
