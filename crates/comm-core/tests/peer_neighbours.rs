@@ -29,7 +29,7 @@ fn peer_addr(store: &Store, prefix: &str, rank: usize) -> String {
     String::from_utf8(store.get(&format!("{prefix}/addr/{rank}")).unwrap()).unwrap()
 }
 
-/// A peer hello as the wire carries it (see `backend/cpu/tcp.rs`).
+/// A peer hello as the wire carries it (see `backend/cpu/tcp/hello.rs`).
 fn hello(rank: u32, world: u32, run: &str) -> Vec<u8> {
     let mut out = b"NCW2".to_vec();
     out.extend_from_slice(&rank.to_le_bytes());
