@@ -63,7 +63,7 @@ mod tests {
         // What the memory check says: 10^15 f32 elements, twice; MemAvailable as the kernel
         // counts it (KiB).
         assert_eq!(human_bytes(8e15), "8 PB");
-        assert_eq!(human_bytes(3.5 * 1125899906842624.0), "3.5 PiB");
+        assert_eq!(human_bytes(4.0 * 1125899906842624.0), "4 PiB");
         assert_eq!(human_bytes(15_987_654_656.0), "15.988 GB");
     }
 }
