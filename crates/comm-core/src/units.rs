@@ -2,7 +2,8 @@
 //! library's messages (a buffer that does not fit in memory).
 
 /// A byte count for labels and messages: `1 MB` for an exact multiple of 10^6, `4 MiB` for one
-/// of 2^20, else the decimal unit to three decimals (`1.049 MB`), or bytes (`8 B`).
+/// of 2^20 (while that takes at most four digits), else the decimal unit to three decimals
+/// (`1.049 MB`), or bytes (`8 B`).
 pub fn human_bytes(bytes: f64) -> String {
     if bytes <= 0.0 || !bytes.is_finite() {
         return format!("{bytes}");
@@ -19,10 +20,12 @@ pub fn human_bytes(bytes: f64) -> String {
         (1048576.0, "MiB"),
         (1024.0, "KiB"),
     ];
-    // An exact multiple of a unit reads best; otherwise the decimal unit, rounded.
+    // An exact multiple of a unit reads best, unless it is a long number (MemAvailable is a
+    // whole number of KiB: `15612944 KiB` reads worse than `15.988 GB`); otherwise the decimal
+    // unit, rounded.
     for (size, name) in units {
         let n = bytes / size;
-        if n >= 1.0 && (n - n.round()).abs() < 1e-9 {
+        if (1.0..10_000.0).contains(&n) && (n - n.round()).abs() < 1e-9 {
             return format!("{} {name}", n.round());
         }
     }
@@ -60,8 +63,9 @@ mod tests {
         assert_eq!(human_bytes(524280.0), "524.28 KB");
         assert_eq!(trim("10.0".into()), "10");
         assert_eq!(human_bytes(8.0), "8 B");
-        // What the memory check says: 10^15 f32 elements, twice; MemAvailable as the kernel
-        // counts it (KiB).
+        assert_eq!(human_bytes(1500e6), "1500 MB");
+        // What the memory check says: 10^15 f32 elements, twice; MemAvailable, which the
+        // kernel counts in KiB.
         assert_eq!(human_bytes(8e15), "8 PB");
         assert_eq!(human_bytes(4.0 * 1125899906842624.0), "4 PiB");
         assert_eq!(human_bytes(15_987_654_656.0), "15.988 GB");
