@@ -32,8 +32,8 @@ const YIELDING: Duration = Duration::from_millis(2);
 /// The longest a sleeping rank goes without checking the deadline and its peers.
 const NAP: Duration = Duration::from_millis(5);
 
-/// Processes as ranks: shared memory to the ranks of this host, TCP to the others (see the
-/// module's documentation). Built by `wiring::connect` where a peer shares this host.
+/// Processes as ranks: shared memory to the ranks of this host, TCP to the others (see
+/// [`super`]'s documentation). Built by `wiring::connect` where a peer shares this host.
 pub struct ShmTcpTransport {
     /// Links to every peer: the data path to ranks of other hosts, and everywhere the signal
     /// that a peer has gone or failed.
