@@ -3,6 +3,7 @@
 //! average bus bandwidth.
 
 use comm_core::timing::{Average, Waiting};
+use comm_core::backend::nccl;
 use comm_core::Collective;
 
 use crate::plan::Plan;
@@ -49,18 +50,7 @@ pub fn header(info: &RunInfo, collective: &str, plan: &Plan) -> String {
 /// says so where the NCCL that ran has the call, so that its rows are compared with nccl-tests
 /// knowingly. None elsewhere. `backend_version` is the rows' (`NCCL 2.28.3`).
 pub fn nccl_call_note(collective: &str, backend_version: &str) -> Option<String> {
-    // No `_`: a new collective says here whether NCCL 2.28 gave it a call of its own.
-    let call = match collective.parse::<Collective>().ok()? {
-        Collective::AllToAll => "ncclAlltoAll",
-        Collective::Gather => "ncclGather",
-        Collective::Scatter => "ncclScatter",
-        Collective::AllReduce
-        | Collective::AllGather
-        | Collective::ReduceScatter
-        | Collective::Broadcast
-        | Collective::Reduce
-        | Collective::SendRecv => return None,
-    };
+    let call = nccl::own_call_since_2_28(collective.parse::<Collective>().ok()?)?;
     let version = backend_version.strip_prefix("NCCL ")?;
     let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
     let (major, minor) = (parts.next()??, parts.next()??);

@@ -37,7 +37,8 @@ fn simulated_ranks_pass_our_stores_rendezvous() {
     let rows = rows(&stdout);
     let ranks: Vec<usize> = rows.iter().map(|r| r.0).collect();
     assert_eq!(ranks, [1, 7, 64], "{stdout}");
-    assert!(rows.iter().all(|r| r.1 == "ours" && r.2 > 0.0), "{stdout}");
+    // A time is printed for each (one rank's may round to 0.000).
+    assert!(rows.iter().all(|r| r.1 == "ours" && r.2 >= 0.0), "{stdout}");
 }
 
 #[test]

@@ -56,6 +56,22 @@ fn nccl_name(collective: Collective) -> &'static str {
     }
 }
 
+/// The call of NCCL's own that nccl-tests (built against NCCL 2.28 or later) makes for a
+/// collective this backend puts together from grouped ncclSend/ncclRecv, as it did before 2.28.
+pub fn own_call_since_2_28(collective: Collective) -> Option<&'static str> {
+    match collective {
+        Collective::AllToAll => Some("ncclAlltoAll"),
+        Collective::Gather => Some("ncclGather"),
+        Collective::Scatter => Some("ncclScatter"),
+        Collective::AllReduce
+        | Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::Broadcast
+        | Collective::Reduce
+        | Collective::SendRecv => None,
+    }
+}
+
 /// One call's device pointers and sizes, as NCCL takes them.
 struct Args {
     send: u64,

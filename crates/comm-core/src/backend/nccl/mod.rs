@@ -39,6 +39,7 @@ pub mod relink;
 mod watchdog;
 
 pub use calls::NcclBackend;
+pub use collectives::own_call_since_2_28;
 pub use device::{bus_id, check_one_gpu_per_rank, device_for, shared_gpu, GpuSeat, SharedGpu};
 pub use errors::nccl_error;
 pub(crate) use events::Events;
