@@ -2,8 +2,8 @@
 //! and #wrong out-of-place and in-place; a block per collective and world size, closed by the
 //! average bus bandwidth.
 
-use comm_core::timing::{Average, Waiting};
 use comm_core::backend::nccl;
+use comm_core::timing::{Average, Waiting};
 use comm_core::Collective;
 
 use crate::plan::Plan;

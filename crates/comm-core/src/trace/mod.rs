@@ -26,6 +26,6 @@ mod recording;
 mod span;
 
 pub use recording::{
-    arrow, gpu_slice, merge, name_track, now, on, slice, start, write_part, Args, MAX_EVENTS,
+    arrow, gpu_slice, merge, name_track, now, on, start, write_part, Args, MAX_EVENTS,
 };
 pub use span::{copying, copying_as, timed, Span};

@@ -171,7 +171,7 @@ fn record(event: Event) {
 
 /// A slice on this thread's track, from `start` (see [`now`]) to now: what a
 /// [`Span`](super::Span) records as it ends. Code marks a stretch of work with a `Span`.
-pub fn slice(cat: &'static str, name: impl Into<Cow<'static, str>>, start: f64, args: Args) {
+pub(super) fn slice(cat: &'static str, name: impl Into<Cow<'static, str>>, start: f64, args: Args) {
     let (pid, tid) = place();
     let dur = (now() - start).max(0.0);
     let name = name.into();

@@ -208,24 +208,19 @@ fn reduce_step<T: Element>(
 ) -> Result<()> {
     let size = std::mem::size_of::<T>();
     let len = std::mem::size_of_val(acc);
-    let traced = crate::trace::on();
     t.send_recv_with(
         next,
         cast_slice(outgoing),
         prev,
         len,
         &mut |offset, piece| {
-            let started = traced.then(crate::trace::now);
-            let bytes = piece.len();
+            let args = crate::trace::Args::bytes(piece.len());
+            let _reduce = crate::trace::Span::slice("reduce", "reduce a piece").with_args(args);
             let piece: &[T] = cast_slice(piece);
             let at = offset / size..offset / size + piece.len();
             match own {
                 Some(own) => reduce_pair(op, stores, &mut acc[at.clone()], &own[at], piece),
                 None => dtype::reduce_into(op, &mut acc[at], piece),
-            }
-            if let Some(start) = started {
-                let args = crate::trace::Args::bytes(bytes);
-                crate::trace::slice("reduce", "reduce a piece", start, args);
             }
         },
     )
