@@ -6,8 +6,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::CudaSlice;
-
 use crate::backend::cpu::{algorithms, Algo, Transport};
 use crate::backend::nccl::{GroupSafe, NcclBackend};
 use crate::backend::{BackendKind, Device};
@@ -17,6 +15,9 @@ use crate::error::{CommError, Result};
 use crate::steps;
 use crate::store::Store;
 use crate::trace::Span;
+
+mod part;
+pub use part::{Part, PartMut};
 
 /// Elements on the communicator's device: host memory for the CPU backend, GPU memory for NCCL.
 #[derive(Debug)]
@@ -98,20 +99,6 @@ fn host_mut<T: Element>(buf: &mut Buffer<T>) -> Result<&mut [T]> {
     match &mut buf.repr {
         Repr::Host(v) => Ok(v),
         Repr::Device(_) => Err(wrong_kind()),
-    }
-}
-
-fn device<T: Element>(buf: &Buffer<T>) -> Result<&CudaSlice<T>> {
-    match &buf.repr {
-        Repr::Device(d) => Ok(&**d),
-        Repr::Host(_) => Err(wrong_kind()),
-    }
-}
-
-fn device_mut<T: Element>(buf: &mut Buffer<T>) -> Result<&mut CudaSlice<T>> {
-    match &mut buf.repr {
-        Repr::Device(d) => Ok(&mut **d),
-        Repr::Host(_) => Err(wrong_kind()),
     }
 }
 
@@ -336,7 +323,7 @@ impl Communicator {
                     Ok(())
                 }
                 (Engine::Nccl(nccl), Repr::Device(from), Repr::Host(to)) => {
-                    nccl.download_into(from, to)
+                    nccl.download_into(&**from, to)
                 }
                 _ => Err(wrong_kind()),
             }
@@ -358,7 +345,7 @@ impl Communicator {
                     to.copy_from_slice(from);
                     Ok(())
                 }
-                (Engine::Nccl(nccl), Repr::Device(to)) => nccl.upload_into(from, to),
+                (Engine::Nccl(nccl), Repr::Device(to)) => nccl.upload_into(from, &mut **to),
                 _ => Err(wrong_kind()),
             }
         })
@@ -456,13 +443,23 @@ impl Communicator {
         send: Option<&Buffer<T>>,
         recv: &mut Buffer<T>,
     ) -> Result<()> {
+        self.collective_on_parts(call, send.map(Part::from), recv.into())
+    }
+
+    /// [`collective`](Self::collective) on parts of buffers (send_recv's blocks).
+    fn collective_on_parts<T: Element>(
+        &self,
+        call: Call,
+        send: Option<Part<'_, T>>,
+        mut recv: PartMut<'_, T>,
+    ) -> Result<()> {
         let placement = if send.is_some() {
             "out-of-place"
         } else {
             "in-place"
         };
         let checked = call.check(
-            send.map(Buffer::len),
+            send.as_ref().map(Part::len),
             recv.len(),
             self.rank,
             self.world_size,
@@ -477,20 +474,20 @@ impl Communicator {
         let _span = Span::slice("call", call.collective.name())
             .with_args(args)
             .with_range(|| format!("{} {placement} {} x {len}", call.collective, T::DTYPE));
-        self.run_checked(&checked, send, recv)
+        self.run_checked(&checked, send, &mut recv)
     }
 
     /// Runs a checked call on this rank's backend.
     fn run_checked<T: Element>(
         &self,
         checked: &crate::collective::Checked,
-        send: Option<&Buffer<T>>,
-        recv: &mut Buffer<T>,
+        send: Option<Part<'_, T>>,
+        recv: &mut PartMut<'_, T>,
     ) -> Result<()> {
         match &self.engine {
             Engine::Cpu(t) => {
-                let send = send.map(host).transpose()?;
-                let recv = host_mut(recv)?;
+                let send = send.as_ref().map(Part::host).transpose()?;
+                let recv = recv.host()?;
                 let algo = self.algo;
                 let mut run = move || algorithms::run(t.as_ref(), checked, send, recv, algo);
                 match self.step_grids::<T>() {
@@ -505,7 +502,8 @@ impl Communicator {
                         checked.call.collective
                     );
                 }
-                nccl.collective(checked, send.map(device).transpose()?, device_mut(recv)?)
+                let send = send.as_ref().map(Part::device).transpose()?;
+                nccl.collective(checked, send, recv.device()?)
             }
         }
     }
@@ -526,6 +524,16 @@ impl Communicator {
             let scope = scope.scoped(&step.replace(step.get() + 1).to_string());
             crate::grid::share(&scope, rank, world_size, title, row)
         }))
+    }
+
+    /// The end of a step of an algorithm of your own: with `--steps`, rank 0 prints every rank's
+    /// `buf` as the course's grid under `title`, as the library's algorithms show theirs; without
+    /// `--steps`, nothing happens. Every rank must call it at the same steps.
+    pub fn show_step<T: Element>(&self, title: &str, buf: &Buffer<T>) -> Result<()> {
+        let Some(show) = self.step_grids::<T>() else {
+            return Ok(());
+        };
+        show(title, bytemuck::cast_slice(&self.to_host(buf)?))
     }
 
     /// Copies the root's buffer to every rank.
@@ -617,18 +625,19 @@ impl Communicator {
     /// Sends `send` to `to` while receiving `recv` from `from`, both at once: the ring step, and
     /// nccl-tests' sendrecv. On NCCL one group (ncclGroupStart, ncclSend, ncclRecv, ncclGroupEnd),
     /// so a ring of ranks that all send first cannot deadlock.
-    pub fn send_recv<T: Element>(
+    ///
+    /// Either side may be a whole buffer (`&buf`, `&mut buf`) or a part of one
+    /// ([`Buffer::part`], [`Buffer::part_mut`], [`Buffer::parts`]): a block sent and received
+    /// where it lies, with no copy.
+    pub fn send_recv<'a, 'b, T: Element>(
         &self,
-        send: &Buffer<T>,
+        send: impl Into<Part<'a, T>>,
         to: usize,
-        recv: &mut Buffer<T>,
+        recv: impl Into<PartMut<'b, T>>,
         from: usize,
     ) -> Result<()> {
-        self.collective(
-            Call::new(Collective::SendRecv).peers(to, from),
-            Some(send),
-            recv,
-        )
+        let call = Call::new(Collective::SendRecv).peers(to, from);
+        self.collective_on_parts(call, Some(send.into()), recv.into())
     }
 
     /// `send` and `recv` hold world_size blocks each: block `j` of this rank's `send` lands in
@@ -638,24 +647,28 @@ impl Communicator {
         self.collective(Call::new(Collective::AllToAll), Some(send), recv)
     }
 
-    /// Sends `buf` to `peer`, which must call `recv` with a buffer of the same length: one
-    /// message, not a collective.
-    pub fn send<T: Element>(&self, buf: &Buffer<T>, peer: usize) -> Result<()> {
+    /// Sends `buf` to `peer`, which must call `recv` with as many elements: one message, not a
+    /// collective. `buf` is a whole buffer (`&buf`) or a part of one ([`Buffer::part`]), sent
+    /// where it lies.
+    pub fn send<'a, T: Element>(&self, buf: impl Into<Part<'a, T>>, peer: usize) -> Result<()> {
+        let buf = buf.into();
         let _span = Span::range(|| format!("send {} x {}", T::DTYPE, buf.len()));
         crate::collective::another_rank("send", peer, self.rank, self.world_size)?;
         match &self.engine {
-            Engine::Cpu(t) => t.send(peer, bytemuck::cast_slice(host(buf)?)),
-            Engine::Nccl(nccl) => nccl.send(device(buf)?, peer),
+            Engine::Cpu(t) => t.send(peer, bytemuck::cast_slice(buf.host()?)),
+            Engine::Nccl(nccl) => nccl.send(buf.device()?, peer),
         }
     }
 
-    /// Receives into `buf` what `peer` sends with [`send`](Self::send); the lengths must match.
-    pub fn recv<T: Element>(&self, buf: &mut Buffer<T>, peer: usize) -> Result<()> {
+    /// Receives into `buf` (`&mut buf`, or a part: [`Buffer::part_mut`]) what `peer` sends with
+    /// [`send`](Self::send); the lengths must match.
+    pub fn recv<'a, T: Element>(&self, buf: impl Into<PartMut<'a, T>>, peer: usize) -> Result<()> {
+        let mut buf = buf.into();
         let _span = Span::range(|| format!("recv {} x {}", T::DTYPE, buf.len()));
         crate::collective::another_rank("recv", peer, self.rank, self.world_size)?;
         match &self.engine {
-            Engine::Cpu(t) => t.recv(peer, bytemuck::cast_slice_mut(host_mut(buf)?)),
-            Engine::Nccl(nccl) => nccl.recv(device_mut(buf)?, peer),
+            Engine::Cpu(t) => t.recv(peer, bytemuck::cast_slice_mut(buf.host()?)),
+            Engine::Nccl(nccl) => nccl.recv(buf.device()?, peer),
         }
     }
 
