@@ -628,7 +628,8 @@ impl Communicator {
     ///
     /// Either side may be a whole buffer (`&buf`, `&mut buf`) or a part of one
     /// ([`Buffer::part`], [`Buffer::part_mut`], [`Buffer::parts`]): a block sent and received
-    /// where it lies, with no copy.
+    /// where it lies, with no copy. The two sides may differ in length (a ring's blocks of a
+    /// buffer that does not split evenly): `from` must send as many elements as `recv` holds.
     pub fn send_recv<'a, 'b, T: Element>(
         &self,
         send: impl Into<Part<'a, T>>,
@@ -636,8 +637,12 @@ impl Communicator {
         recv: impl Into<PartMut<'b, T>>,
         from: usize,
     ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        if send.len() != recv.len() {
+            return self.exchange(send, to, recv, from);
+        }
         let call = Call::new(Collective::SendRecv).peers(to, from);
-        self.collective_on_parts(call, Some(send.into()), recv.into())
+        self.collective_on_parts(call, Some(send), recv)
     }
 
     /// `send` and `recv` hold world_size blocks each: block `j` of this rank's `send` lands in

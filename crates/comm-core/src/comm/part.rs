@@ -131,15 +131,20 @@ impl<T: Element> Buffer<T> {
         read: Range<usize>,
         write: Range<usize>,
     ) -> Result<(Part<'_, T>, PartMut<'_, T>)> {
-        let (read, write) = (checked(read, self.len())?, checked(write, self.len())?);
-        if read.start < write.end && write.start < read.end {
+        let (mut read, mut write) = (checked(read, self.len())?, checked(write, self.len())?);
+        // An empty part lies anywhere: where it cannot be in the other's way.
+        if read.is_empty() {
+            read = write.start..write.start;
+        } else if write.is_empty() {
+            write = read.end..read.end;
+        } else if read.start < write.end && write.start < read.end {
             return Err(CommError::Usage(format!(
                 "parts {read:?} and {write:?} overlap: a receive must not write what is being sent"
             )));
         }
         Ok(match &mut self.repr {
             Repr::Host(v) => {
-                let (r, w) = if read.start < write.start {
+                let (r, w) = if read.end <= write.start {
                     let (low, high) = v.split_at_mut(write.start);
                     (&low[read], &mut high[..write.len()])
                 } else {
@@ -257,6 +262,33 @@ fn same_length(what: &str, a: usize, b: usize) -> Result<()> {
 }
 
 impl Communicator {
+    /// [`send_recv`](Communicator::send_recv) of two parts of different lengths, which the
+    /// collective table's sendrecv (nccl-tests' equal counts) does not describe: on the CPU the
+    /// transport's exchange, on NCCL one group of `ncclSend` and `ncclRecv`.
+    pub(super) fn exchange<T: Element>(
+        &self,
+        send: Part<'_, T>,
+        to: usize,
+        mut recv: PartMut<'_, T>,
+        from: usize,
+    ) -> Result<()> {
+        for peer in [to, from] {
+            crate::collective::another_rank("send_recv", peer, self.rank, self.world_size)?;
+        }
+        match &self.engine {
+            Engine::Cpu(t) => t.send_recv(
+                to,
+                bytemuck::cast_slice(send.host()?),
+                from,
+                bytemuck::cast_slice_mut(recv.host()?),
+            ),
+            Engine::Nccl(nccl) => nccl.group(|| {
+                nccl.send(send.device()?, to)?;
+                nccl.recv(recv.device()?, from)
+            }),
+        }
+    }
+
     /// `into[i] = into[i] op from[i]` on this rank, no message sent: the add of a ring's
     /// reduce-scatter step, after the block has arrived. Both parts are as long. On the CPU
     /// backend it runs on the host memory where they lie; on NCCL, which gives this library no
@@ -328,6 +360,8 @@ mod tests {
         let mut buf = comm.buffer(&[1.0f32, 2.0, 3.0, 4.0, 5.0]).unwrap();
         assert_eq!(buf.part(1..3).unwrap().host().unwrap(), &[2.0, 3.0]);
         assert_eq!(buf.part(..).unwrap().len(), 5);
+        // Empty parts overlap nothing, wherever they start.
+        assert!(buf.parts(1..1, 0..5).is_ok() && buf.parts(0..5, 2..2).is_ok());
         let (read, mut write) = buf.parts(3..5, 0..2).unwrap();
         write.host().unwrap().copy_from_slice(read.host().unwrap());
         assert_eq!(comm.to_host(&buf).unwrap(), [4.0, 5.0, 3.0, 4.0, 5.0]);

@@ -1,0 +1,119 @@
+//! Whose code a check runs: the student's files (`src/labN_*.rs`, the default), the reference
+//! solutions (`solutions/`, `--solution`), or, for the tests that keep the checker honest, the
+//! pristine skeletons (`skeletons/`, what a fresh clone's student files hold) and one wrong
+//! solution per lab planted on purpose (`planted/`). Each is a [`Code`]: the labs' functions
+//! under one name, so the checker is written once for all four.
+
+use comm_core::{Buffer, Communicator, Element, Named, Result};
+
+/// The four sets of lab files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whose {
+    /// The student's files in `crates/labs/src/`.
+    Yours,
+    /// The reference solutions in `crates/labs/solutions/`.
+    Solution,
+    /// The pristine skeletons in `crates/labs/skeletons/`.
+    Skeleton,
+    /// The planted wrong solutions in `crates/labs/planted/`.
+    Planted,
+}
+
+impl Named for Whose {
+    const ALL: &'static [Whose] = &[
+        Whose::Yours,
+        Whose::Solution,
+        Whose::Skeleton,
+        Whose::Planted,
+    ];
+    fn name(self) -> &'static str {
+        match self {
+            Whose::Yours => "yours",
+            Whose::Solution => "solution",
+            Whose::Skeleton => "skeleton",
+            Whose::Planted => "planted",
+        }
+    }
+}
+
+/// The functions the labs ask for, as one set of files has them.
+pub trait Code {
+    /// Lab 2.
+    fn tree_broadcast<T: Element>(
+        comm: &Communicator,
+        buf: &mut Buffer<T>,
+        root: usize,
+    ) -> Result<()>;
+    /// Lab 3.
+    fn ring_all_reduce<T: Element>(comm: &Communicator, data: &mut Buffer<T>) -> Result<()>;
+    /// Lab 4, in place.
+    fn all_gather<T: Element>(comm: &Communicator, buf: &mut Buffer<T>) -> Result<()>;
+    /// Lab 4, out of place.
+    fn all_gather_into<T: Element>(
+        comm: &Communicator,
+        send: &Buffer<T>,
+        recv: &mut Buffer<T>,
+    ) -> Result<()>;
+    /// Lab 4, in place.
+    fn reduce_scatter<T: Element>(comm: &Communicator, buf: &mut Buffer<T>) -> Result<()>;
+    /// Lab 4, out of place.
+    fn reduce_scatter_into<T: Element>(
+        comm: &Communicator,
+        send: &Buffer<T>,
+        recv: &mut Buffer<T>,
+    ) -> Result<()>;
+}
+
+/// Implements [`Code`] for `$whose` with the files of module `$files`.
+macro_rules! code {
+    ($whose:ident, $files:path) => {
+        #[doc = concat!("The ", stringify!($whose), " files.")]
+        pub struct $whose;
+        impl Code for $whose {
+            fn tree_broadcast<T: Element>(
+                comm: &Communicator,
+                buf: &mut Buffer<T>,
+                root: usize,
+            ) -> Result<()> {
+                use $files as files;
+                files::lab2_tree_broadcast::tree_broadcast(comm, buf, root)
+            }
+            fn ring_all_reduce<T: Element>(
+                comm: &Communicator,
+                data: &mut Buffer<T>,
+            ) -> Result<()> {
+                use $files as files;
+                files::lab3_ring_all_reduce::ring_all_reduce(comm, data)
+            }
+            fn all_gather<T: Element>(comm: &Communicator, buf: &mut Buffer<T>) -> Result<()> {
+                use $files as files;
+                files::lab4_rings::all_gather(comm, buf)
+            }
+            fn all_gather_into<T: Element>(
+                comm: &Communicator,
+                send: &Buffer<T>,
+                recv: &mut Buffer<T>,
+            ) -> Result<()> {
+                use $files as files;
+                files::lab4_rings::all_gather_into(comm, send, recv)
+            }
+            fn reduce_scatter<T: Element>(comm: &Communicator, buf: &mut Buffer<T>) -> Result<()> {
+                use $files as files;
+                files::lab4_rings::reduce_scatter(comm, buf)
+            }
+            fn reduce_scatter_into<T: Element>(
+                comm: &Communicator,
+                send: &Buffer<T>,
+                recv: &mut Buffer<T>,
+            ) -> Result<()> {
+                use $files as files;
+                files::lab4_rings::reduce_scatter_into(comm, send, recv)
+            }
+        }
+    };
+}
+
+code!(Yours, crate::yours);
+code!(Solution, crate::solutions);
+code!(Skeleton, crate::skeletons);
+code!(Planted, crate::planted);
