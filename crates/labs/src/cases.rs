@@ -55,18 +55,20 @@ fn counts(lab: Lab) -> &'static [usize] {
         Lab::Broadcast => &[1, 5, 1001],
         Lab::AllReduce => &[1, 3, 10, 1001],
         Lab::Rings => &[1, 3, 100],
+        _ => &[],
     }
 }
 
 /// Whether the lab's function(s) for `collective` come in place (true) and out of place.
 fn placements(lab: Lab) -> &'static [bool] {
     match lab {
-        Lab::Broadcast | Lab::AllReduce => &[true],
         Lab::Rings => &[true, false],
+        _ => &[true],
     }
 }
 
-/// Every case of `lab` on `ranks` ranks, in the order they run.
+/// Every case of `lab` (a collective lab: [`Lab::is_collective`]) on `ranks` ranks, in the
+/// order they run.
 pub fn cases(lab: Lab, ranks: usize) -> Vec<Case> {
     let mut out = Vec::new();
     for &count in counts(lab) {
@@ -117,6 +119,7 @@ pub fn watched(lab: Lab, ranks: usize) -> Vec<Case> {
         Lab::Broadcast => (4, &[Collective::Broadcast]),
         Lab::AllReduce => (2 * ranks, &[Collective::AllReduce]),
         Lab::Rings => (2, &[Collective::AllGather, Collective::ReduceScatter]),
+        _ => (0, &[]),
     };
     let case = |c: Collective| Case {
         ranks,

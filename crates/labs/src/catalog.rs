@@ -8,23 +8,36 @@ use comm_core::Collective;
 /// One lab.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lab {
+    /// 1: ping-pong, and the α–β model fitted by hand.
+    PingPong,
     /// 2: broadcast as a binomial tree, from send and recv.
     Broadcast,
     /// 3: the ring all-reduce, from send_recv.
     AllReduce,
     /// 4: all-gather and reduce-scatter as rings.
     Rings,
+    /// 5: DDP by hand: naive, flattened, bucketed and overlapped.
+    Ddp,
+    /// 6: ZeRO-1, SGD's momentum sharded.
+    Zero,
+    /// 7: a deadlock to find.
+    Deadlock,
 }
 
-/// The rank counts a lab's cases run on when `-n` does not pick one.
-pub const RANK_COUNTS: [usize; 5] = [2, 3, 4, 5, 8];
-
-/// Ranks of the timing and of `--steps` when `-n` does not say.
+/// Ranks of the timing and of `--steps` when `-n` does not say (lab 1 times ranks 0 and 1).
 pub const DEFAULT_RANKS: usize = comm_core::launch::DEFAULT_CPU_RANKS;
 
 impl Lab {
     /// Every lab, in the book's order.
-    pub const ALL: [Lab; 3] = [Lab::Broadcast, Lab::AllReduce, Lab::Rings];
+    pub const ALL: [Lab; 7] = [
+        Lab::PingPong,
+        Lab::Broadcast,
+        Lab::AllReduce,
+        Lab::Rings,
+        Lab::Ddp,
+        Lab::Zero,
+        Lab::Deadlock,
+    ];
 
     /// The lab numbered `n`.
     pub fn numbered(n: usize) -> Option<Lab> {
@@ -34,36 +47,83 @@ impl Lab {
     /// Its number, as `cargo lab N` names it.
     pub fn number(self) -> usize {
         match self {
+            Lab::PingPong => 1,
             Lab::Broadcast => 2,
             Lab::AllReduce => 3,
             Lab::Rings => 4,
+            Lab::Ddp => 5,
+            Lab::Zero => 6,
+            Lab::Deadlock => 7,
         }
     }
 
     /// What the student writes.
     pub fn title(self) -> &'static str {
         match self {
+            Lab::PingPong => "ping-pong and the α–β model",
             Lab::Broadcast => "binomial-tree broadcast",
             Lab::AllReduce => "ring all-reduce",
             Lab::Rings => "all-gather and reduce-scatter rings",
+            Lab::Ddp => "DDP by hand",
+            Lab::Zero => "ZeRO-1: the optimizer's state sharded",
+            Lab::Deadlock => "a deadlock to find",
         }
     }
 
     /// The file the student edits, from the repository's root.
     pub fn file(self) -> &'static str {
         match self {
+            Lab::PingPong => "crates/labs/src/lab1_ping_pong.rs",
             Lab::Broadcast => "crates/labs/src/lab2_tree_broadcast.rs",
             Lab::AllReduce => "crates/labs/src/lab3_ring_all_reduce.rs",
             Lab::Rings => "crates/labs/src/lab4_rings.rs",
+            Lab::Ddp => "crates/labs/src/lab5_ddp.rs",
+            Lab::Zero => "crates/labs/src/lab6_zero.rs",
+            Lab::Deadlock => "crates/labs/src/lab7_deadlock.rs",
+        }
+    }
+
+    /// The rank counts its cases run on when `-n` does not pick one.
+    pub fn rank_counts(self) -> &'static [usize] {
+        match self {
+            Lab::PingPong => &[2, 3],
+            Lab::Broadcast | Lab::AllReduce | Lab::Rings => &[2, 3, 4, 5, 8],
+            Lab::Ddp | Lab::Zero | Lab::Deadlock => &[2, 3, 4],
+        }
+    }
+
+    /// Whether it is one of the collectives written from send and recv (labs 2 to 4), whose
+    /// cases are [`crate::cases`]'s and whose steps `--steps` shows.
+    pub fn is_collective(self) -> bool {
+        matches!(self, Lab::Broadcast | Lab::AllReduce | Lab::Rings)
+    }
+
+    /// Its cases on `ranks` ranks.
+    pub fn case_count(self, ranks: usize) -> usize {
+        match self {
+            Lab::PingPong => crate::pingpong::count(),
+            Lab::Broadcast | Lab::AllReduce | Lab::Rings => crate::cases::cases(self, ranks).len(),
+            Lab::Ddp | Lab::Zero => crate::ddp::check::Variant::of(self).len(),
+            Lab::Deadlock => crate::deadlock::count(),
+        }
+    }
+
+    /// Its `--timeout` unless given: short, so that a hang is found soon; long enough for 8
+    /// ranks on 2 busy cores. Lab 7 hangs on purpose: 5 seconds.
+    pub fn timeout(self) -> f64 {
+        match self {
+            Lab::Deadlock => 5.0,
+            _ => 20.0,
         }
     }
 
     /// The library's collectives it is compared with (what `--algo` may choose for).
     pub fn collectives(self) -> &'static [Collective] {
         match self {
-            Lab::Broadcast => &[Collective::Broadcast],
-            Lab::AllReduce => &[Collective::AllReduce],
-            Lab::Rings => &[Collective::AllGather, Collective::ReduceScatter],
+            Lab::PingPong | Lab::Broadcast => &[Collective::Broadcast],
+            Lab::AllReduce | Lab::Ddp => &[Collective::AllReduce],
+            Lab::Rings | Lab::Zero => &[Collective::AllGather, Collective::ReduceScatter],
+            Lab::Deadlock => &[Collective::Reduce, Collective::Broadcast],
         }
     }
 
@@ -71,8 +131,8 @@ impl Lab {
     /// α–β model predicts it.
     pub fn algo(self) -> Algo {
         match self {
-            Lab::Broadcast => Algo::Tree,
-            Lab::AllReduce | Lab::Rings => Algo::Ring,
+            Lab::PingPong | Lab::Broadcast | Lab::Deadlock => Algo::Tree,
+            _ => Algo::Ring,
         }
     }
 
@@ -83,9 +143,13 @@ impl Lab {
 
     fn page(self) -> &'static str {
         match self {
+            Lab::PingPong => include_str!("../../../docs/src/labs/lab1.md"),
             Lab::Broadcast => include_str!("../../../docs/src/labs/lab2.md"),
             Lab::AllReduce => include_str!("../../../docs/src/labs/lab3.md"),
             Lab::Rings => include_str!("../../../docs/src/labs/lab4.md"),
+            Lab::Ddp => include_str!("../../../docs/src/labs/lab5.md"),
+            Lab::Zero => include_str!("../../../docs/src/labs/lab6.md"),
+            Lab::Deadlock => include_str!("../../../docs/src/labs/lab7.md"),
         }
     }
 

@@ -4,7 +4,11 @@
 //! solution per lab planted on purpose (`planted/`). Each is a [`Code`]: the labs' functions
 //! under one name, so the checker is written once for all four.
 
-use comm_core::{Buffer, Communicator, Element, Named, Result};
+use std::ops::Range;
+
+use comm_core::{AsyncComm, Buffer, Communicator, Element, Named, Result};
+
+use crate::ddp::{Backward, Bucket, Sgd};
 
 /// The four sets of lab files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +42,10 @@ impl Named for Whose {
 
 /// The functions the labs ask for, as one set of files has them.
 pub trait Code {
+    /// Lab 1.
+    fn ping_pong(comm: &Communicator, buf: &mut Buffer<f32>, round_trips: usize) -> Result<()>;
+    /// Lab 1.
+    fn fit_alpha_beta(points: &[(f64, f64)]) -> (f64, f64);
     /// Lab 2.
     fn tree_broadcast<T: Element>(
         comm: &Communicator,
@@ -62,6 +70,31 @@ pub trait Code {
         send: &Buffer<T>,
         recv: &mut Buffer<T>,
     ) -> Result<()>;
+    /// Lab 5.
+    fn naive(comm: &Communicator, grads: &mut [f32], tensors: &[Range<usize>]) -> Result<()>;
+    /// Lab 5.
+    fn flattened(comm: &Communicator, grads: &mut [f32]) -> Result<()>;
+    /// Lab 5.
+    fn bucketed(
+        comm: &AsyncComm,
+        backward: &mut Backward<'_>,
+        buckets: &[Bucket],
+        tensors: &[Range<usize>],
+    ) -> Result<()>;
+    /// Lab 6.
+    fn zero1_step(
+        comm: &Communicator,
+        params: &mut [f32],
+        grads: &[f32],
+        momentum: &mut [f32],
+        sgd: Sgd,
+    ) -> Result<()>;
+    /// Lab 7.
+    fn end_of_step(
+        comm: &Communicator,
+        stats: &mut Buffer<f32>,
+        lr: &mut Buffer<f32>,
+    ) -> Result<()>;
 }
 
 /// Implements [`Code`] for `$whose` with the files of module `$files`.
@@ -70,6 +103,18 @@ macro_rules! code {
         #[doc = concat!("The ", stringify!($whose), " files.")]
         pub struct $whose;
         impl Code for $whose {
+            fn ping_pong(
+                comm: &Communicator,
+                buf: &mut Buffer<f32>,
+                round_trips: usize,
+            ) -> Result<()> {
+                use $files as files;
+                files::lab1_ping_pong::ping_pong(comm, buf, round_trips)
+            }
+            fn fit_alpha_beta(points: &[(f64, f64)]) -> (f64, f64) {
+                use $files as files;
+                files::lab1_ping_pong::fit_alpha_beta(points)
+            }
             fn tree_broadcast<T: Element>(
                 comm: &Communicator,
                 buf: &mut Buffer<T>,
@@ -108,6 +153,45 @@ macro_rules! code {
             ) -> Result<()> {
                 use $files as files;
                 files::lab4_rings::reduce_scatter_into(comm, send, recv)
+            }
+            fn naive(
+                comm: &Communicator,
+                grads: &mut [f32],
+                tensors: &[Range<usize>],
+            ) -> Result<()> {
+                use $files as files;
+                files::lab5_ddp::naive(comm, grads, tensors)
+            }
+            fn flattened(comm: &Communicator, grads: &mut [f32]) -> Result<()> {
+                use $files as files;
+                files::lab5_ddp::flattened(comm, grads)
+            }
+            fn bucketed(
+                comm: &AsyncComm,
+                backward: &mut Backward<'_>,
+                buckets: &[Bucket],
+                tensors: &[Range<usize>],
+            ) -> Result<()> {
+                use $files as files;
+                files::lab5_ddp::bucketed(comm, backward, buckets, tensors)
+            }
+            fn zero1_step(
+                comm: &Communicator,
+                params: &mut [f32],
+                grads: &[f32],
+                momentum: &mut [f32],
+                sgd: Sgd,
+            ) -> Result<()> {
+                use $files as files;
+                files::lab6_zero::zero1_step(comm, params, grads, momentum, sgd)
+            }
+            fn end_of_step(
+                comm: &Communicator,
+                stats: &mut Buffer<f32>,
+                lr: &mut Buffer<f32>,
+            ) -> Result<()> {
+                use $files as files;
+                files::lab7_deadlock::end_of_step(comm, stats, lr)
             }
         }
     };

@@ -3,7 +3,7 @@
 //! library's all-gather) on whether the case is right. Where it is not, rank 0 prints the first
 //! wrong rank and element, the two values, and both grids.
 
-use comm_core::check::{self, Case as CheckCase};
+use comm_core::check::Case as CheckCase;
 use comm_core::comm::Buffers;
 use comm_core::{Collective, Communicator, DType, Element, Result};
 
@@ -35,52 +35,111 @@ fn student<C: Code, T: Element>(
     })
 }
 
-/// The first element where `got` differs from `want`, and how many do.
-fn differences<T: Element>(got: &[T], want: &[T]) -> (Option<usize>, usize) {
-    let first = (0..got.len()).find(|&i| got[i] != want[i]);
-    (first, check::count_wrong(got, want) as usize)
+/// The first element where `got` is not `same` as `want`, and how many are not.
+fn differences<T: Element>(
+    got: &[T],
+    want: &[T],
+    same: impl Fn(T, T) -> bool,
+) -> (Option<usize>, usize) {
+    let wrong = |i: &usize| !same(got[*i], want[*i]);
+    let first = (0..got.len()).find(wrong);
+    (first, (0..got.len()).filter(wrong).count())
+}
+
+/// Exact equality: the labs' inputs are small whole numbers, exact in any order of adding.
+pub fn exactly<T: Element>(a: T, b: T) -> bool {
+    a == b
 }
 
 /// What one rank found in a case, as the ranks share it.
 #[derive(Debug, Clone, Copy)]
 struct Found<T> {
-    /// The first wrong element of the result, and how many are wrong.
+    /// The first wrong element, and how many are wrong.
     wrong: Option<usize>,
     count: usize,
-    /// The first element of the send buffer the student's function changed.
-    send_changed: Option<usize>,
-    /// The two values at the first wrong place: expected (or what the send buffer held) and got.
+    /// The two values there: expected and got.
     values: [T; 2],
-}
-
-impl<T: Element> Found<T> {
-    fn numbers(&self) -> [i64; 3] {
-        let or_none = |i: Option<usize>| i.map_or(-1, |i| i as i64);
-        [
-            or_none(self.wrong),
-            self.count as i64,
-            or_none(self.send_changed),
-        ]
-    }
 }
 
 /// Every rank's [`Found`], gathered through the library's all-gather.
 fn share<T: Element>(comm: &Communicator, mine: &Found<T>) -> Result<Vec<Found<T>>> {
     let n = comm.world_size();
-    let mut numbers = comm.zeros::<i64>(3 * n)?;
-    comm.all_gather_into(&comm.buffer(&mine.numbers())?, &mut numbers)?;
+    let numbers = [mine.wrong.map_or(-1, |i| i as i64), mine.count as i64];
+    let mut all_numbers = comm.zeros::<i64>(2 * n)?;
+    comm.all_gather_into(&comm.buffer(&numbers)?, &mut all_numbers)?;
     let mut values = comm.zeros::<T>(2 * n)?;
     comm.all_gather_into(&comm.buffer(&mine.values)?, &mut values)?;
-    let (numbers, values) = (comm.to_host(&numbers)?, comm.to_host(&values)?);
-    let index = |v: i64| usize::try_from(v).ok();
+    let (numbers, values) = (comm.to_host(&all_numbers)?, comm.to_host(&values)?);
     Ok((0..n)
         .map(|r| Found {
-            wrong: index(numbers[3 * r]),
-            count: numbers[3 * r + 1] as usize,
-            send_changed: index(numbers[3 * r + 2]),
+            wrong: usize::try_from(numbers[2 * r]).ok(),
+            count: numbers[2 * r + 1] as usize,
             values: [values[2 * r], values[2 * r + 1]],
         })
         .collect())
+}
+
+/// What a wrong case is called and shown as.
+pub struct Shown<'a> {
+    /// `case 37 of 80 is wrong: 4 ranks, 10 float elements, in place`: the first line.
+    pub headline: String,
+    /// What the values are: `element` (of the result), or `send buffer element`.
+    pub element: &'a str,
+    /// The grids' titles: the student's values, then the right ones.
+    pub titles: [&'a str; 2],
+}
+
+/// Compares this rank's `got` with `want`, element by element, and agrees with the other ranks
+/// on whether every rank is right. If not, rank 0 prints `shown`'s headline, the first wrong
+/// rank and element, the two values there, and both grids (every rank's `got`, then `want`).
+/// Whether some rank is wrong (every rank answers alike).
+pub fn agree<T: Element>(
+    comm: &Communicator,
+    got: &[T],
+    want: &[T],
+    same: impl Fn(T, T) -> bool,
+    shown: &Shown<'_>,
+) -> Result<bool> {
+    let (wrong, count) = differences(got, want, same);
+    let values = wrong.map_or([T::default(); 2], |i| [want[i], got[i]]);
+    let all = share(
+        comm,
+        &Found {
+            wrong,
+            count,
+            values,
+        },
+    )?;
+    let Some(first) = all.iter().position(|f| f.wrong.is_some()) else {
+        return Ok(false);
+    };
+    if comm.rank() == 0 {
+        let f = &all[first];
+        let wrong_ranks: Vec<String> = (0..all.len())
+            .filter(|&r| all[r].wrong.is_some())
+            .map(|r| r.to_string())
+            .collect();
+        let ranks = if wrong_ranks.len() == 1 {
+            "rank"
+        } else {
+            "ranks"
+        };
+        println!("{}", shown.headline);
+        println!(
+            "rank {first}, {} {}: expected {}, got {} ({} of {} wrong on rank {first}; wrong on \
+             {ranks} {})",
+            shown.element,
+            f.wrong.unwrap_or(0),
+            f.values[0],
+            f.values[1],
+            f.count,
+            got.len(),
+            wrong_ranks.join(", ")
+        );
+    }
+    comm.print_grid(shown.titles[0], &comm.buffer(got)?)?;
+    comm.print_grid(shown.titles[1], &comm.buffer(want)?)?;
+    Ok(true)
 }
 
 /// Runs case `case` on this rank; whether it is wrong (every rank answers alike). `label` is
@@ -98,65 +157,36 @@ fn one<C: Code, T: Element>(
     let mut yours = c.buffers::<T>(comm)?;
     student::<C, T>(lab, c, comm, &mut yours)?;
     let (got, want) = (c.result(comm, &yours)?, c.result(comm, &library)?);
-    let (wrong, count) = differences(&got, &want);
-    let (mut send_changed, mut values) = (None, [T::default(); 2]);
-    if let Some(i) = wrong {
-        values = [want[i], got[i]];
-    } else if let Buffers::OutOfPlace { send, .. } = &yours {
-        let (now, before) = (comm.to_host(send)?, c.input::<T>(rank, n));
-        send_changed = differences(&now, &before).0;
-        if let Some(i) = send_changed {
-            values = [before[i], now[i]];
-        }
+    let headline = format!("{label} is wrong: {}", case.describe(lab));
+    let result = Shown {
+        headline: headline.clone(),
+        element: "element",
+        titles: ["Yours:", "The library's:"],
+    };
+    if agree(comm, &got, &want, exactly, &result)? {
+        return Ok(true);
     }
-    let all = share(
-        comm,
-        &Found {
-            wrong,
-            count,
-            send_changed,
-            values,
-        },
-    )?;
-    let Some(first) = all
-        .iter()
-        .position(|f| f.wrong.is_some() || f.send_changed.is_some())
-    else {
+    // Out of place, the send buffer is only read.
+    let Buffers::OutOfPlace { send, .. } = &yours else {
         return Ok(false);
     };
-    let f = &all[first];
-    if rank == 0 {
-        println!("{label} is wrong: {}", case.describe(lab));
-        let wrong_ranks: Vec<String> = (0..n)
-            .filter(|&r| all[r].wrong.is_some())
-            .map(|r| r.to_string())
-            .collect();
-        match (f.wrong, f.send_changed) {
-            (Some(i), _) => println!(
-                "rank {first}, element {i}: expected {}, got {} ({} of {} elements wrong on rank {first}; wrong on ranks {})",
-                f.values[0], f.values[1], f.count, got.len(), wrong_ranks.join(", ")
-            ),
-            (None, Some(i)) => println!(
-                "rank {first} changed its send buffer: element {i} held {}, now {} (an out-of-place collective only reads its send buffer)",
-                f.values[0], f.values[1]
-            ),
-            (None, None) => unreachable!("a rank was found wrong"),
-        }
-    }
-    match (f.wrong, &yours) {
-        (None, Buffers::OutOfPlace { send, .. }) => {
-            comm.print_grid("Your send buffers after the call:", send)?;
-            comm.print_grid(
-                "What they held before:",
-                &comm.buffer(&c.input::<T>(rank, n))?,
-            )?;
-        }
-        _ => {
-            comm.print_grid("Yours:", &comm.buffer(&got)?)?;
-            comm.print_grid("The library's:", &comm.buffer(&want)?)?;
-        }
-    }
-    Ok(true)
+    let shown = Shown {
+        headline: format!(
+            "{headline}: your code wrote into its send buffer, which it may only read"
+        ),
+        element: "send buffer element",
+        titles: [
+            "Your send buffers after the call:",
+            "What they held before:",
+        ],
+    };
+    agree(
+        comm,
+        &comm.to_host(send)?,
+        &c.input::<T>(rank, n),
+        exactly,
+        &shown,
+    )
 }
 
 /// [`one`] for the case's element type.
@@ -194,45 +224,27 @@ pub fn cases<C: Code>(
 /// `quiet` is a communicator of the same ranks that shows no steps, for the checker's own calls.
 pub fn watch<C: Code>(lab: Lab, comm: &Communicator, quiet: &Communicator) -> Result<Verdict> {
     let (rank, n) = (comm.rank(), comm.world_size());
-    for (k, case) in crate::cases::watched(lab, n).iter().enumerate() {
+    let watched = crate::cases::watched(lab, n);
+    for (k, case) in watched.iter().enumerate() {
         report::in_case(k);
         let c = &case.check;
         if rank == 0 {
             println!("lab {}: your code on {}", lab.number(), case.describe(lab));
         }
         let mut yours = c.buffers::<i32>(comm)?;
-        let (_, before) = yours.parts();
-        comm.print_grid("Before:", before)?;
+        quiet.print_grid("Before:", yours.parts().1)?;
         student::<C, i32>(lab, c, comm, &mut yours)?;
         let got = c.result(comm, &yours)?;
         let want = c.expected::<i32>(rank, n);
-        comm.print_grid("Yours:", &comm.buffer(&got)?)?;
-        comm.print_grid("Expected (the library's result):", &comm.buffer(&want)?)?;
-        let (wrong, count) = differences(&got, &want);
-        let all = share(
-            quiet,
-            &Found {
-                wrong,
-                count,
-                send_changed: None,
-                values: wrong.map_or([0; 2], |i| [want[i], got[i]]),
-            },
-        )?;
-        if let Some(first) = all.iter().position(|f| f.wrong.is_some()) {
-            let f = &all[first];
-            if rank == 0 {
-                println!(
-                    "wrong: rank {first}, element {}: expected {}, got {}",
-                    f.wrong.unwrap_or(0),
-                    f.values[0],
-                    f.values[1]
-                );
-            }
+        let shown = Shown {
+            headline: "wrong:".into(),
+            element: "element",
+            titles: ["Yours:", "Expected (the library's result):"],
+        };
+        if agree(quiet, &got, &want, exactly, &shown)? {
             return Ok(Verdict::Wrong(k));
         }
+        quiet.print_grid("Yours, right on every rank:", &quiet.buffer(&got)?)?;
     }
-    if rank == 0 {
-        println!("right: your result is the library's on every rank");
-    }
-    Ok(Verdict::Right(crate::cases::watched(lab, n).len()))
+    Ok(Verdict::Right(watched.len()))
 }

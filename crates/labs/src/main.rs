@@ -12,8 +12,11 @@ mod cases;
 mod catalog;
 mod code;
 mod compare;
+mod ddp;
+mod deadlock;
 mod panics;
 mod parent;
+mod pingpong;
 mod rank;
 mod report;
 mod timing;
@@ -21,40 +24,62 @@ mod timing;
 // Your files: each holds a lab's functions; until written, a `todo!()` (unused arguments and
 // imports are fine there).
 #[allow(unused_imports, unused_variables)]
+mod lab1_ping_pong;
+#[allow(unused_imports, unused_variables)]
 mod lab2_tree_broadcast;
 #[allow(unused_imports, unused_variables)]
 mod lab3_ring_all_reduce;
 #[allow(unused_imports, unused_variables)]
 mod lab4_rings;
+#[allow(unused_imports, unused_variables)]
+mod lab5_ddp;
+#[allow(unused_imports, unused_variables)]
+mod lab6_zero;
+mod lab7_deadlock;
 
 /// The student's files, as one set of lab files ([`code::Yours`]).
 mod yours {
-    pub(crate) use crate::{lab2_tree_broadcast, lab3_ring_all_reduce, lab4_rings};
+    pub(crate) use crate::{
+        lab1_ping_pong, lab2_tree_broadcast, lab3_ring_all_reduce, lab4_rings, lab5_ddp, lab6_zero,
+        lab7_deadlock,
+    };
 }
 
 /// The reference solutions.
 #[path = "../solutions"]
 mod solutions {
+    pub mod lab1_ping_pong;
     pub mod lab2_tree_broadcast;
     pub mod lab3_ring_all_reduce;
     pub mod lab4_rings;
+    pub mod lab5_ddp;
+    pub mod lab6_zero;
+    pub mod lab7_deadlock;
 }
 
 /// The skeletons as a fresh clone has them, kept apart from the student's files.
 #[path = "../skeletons"]
 #[allow(unused_imports, unused_variables)]
 mod skeletons {
+    pub mod lab1_ping_pong;
     pub mod lab2_tree_broadcast;
     pub mod lab3_ring_all_reduce;
     pub mod lab4_rings;
+    pub mod lab5_ddp;
+    pub mod lab6_zero;
+    pub mod lab7_deadlock;
 }
 
 /// One wrong solution per lab, planted on purpose: the checker must catch it and say where.
 #[path = "../planted"]
 mod planted {
+    pub mod lab1_ping_pong;
     pub mod lab2_tree_broadcast;
     pub mod lab3_ring_all_reduce;
     pub mod lab4_rings;
+    pub mod lab5_ddp;
+    pub mod lab6_zero;
+    pub mod lab7_deadlock;
 }
 
 use std::path::PathBuf;
@@ -80,8 +105,8 @@ struct Args {
     #[arg(value_name = "LAB")]
     lab: Option<usize>,
 
-    /// Check only the cases on N ranks, and time on N [default: the cases on 2, 3, 4, 5 and 8
-    /// ranks; the timing, --steps and --trace on 4].
+    /// Check only the cases on N ranks, and time on N [default: the lab's rank counts, 2 to 8;
+    /// the timing, --steps and --trace on 4].
     #[arg(short = 'n', value_name = "N", value_parser = rank_count)]
     ranks: Option<usize>,
 
@@ -96,7 +121,7 @@ struct Args {
     solution: bool,
 
     /// The job flags every program shares (--timeout: how long a rank waits for another before
-    /// the check fails, 20 s unless given).
+    /// the check fails, 20 s unless given; 5 s for lab 7).
     #[command(flatten)]
     job: JobArgs,
 
@@ -113,10 +138,6 @@ struct Args {
     child_dir: Option<PathBuf>,
 }
 
-/// Seconds any wait may take in a check unless `--timeout` says otherwise: short, so a hang is
-/// found soon, and long enough for 8 ranks on 2 busy cores.
-const CHECK_TIMEOUT: f64 = 20.0;
-
 fn main() -> ExitCode {
     let matches = Args::command().get_matches();
     let mut args = match Args::from_arg_matches(&matches) {
@@ -132,7 +153,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     if matches.value_source("timeout") == Some(ValueSource::DefaultValue) {
-        args.job.timeout = CHECK_TIMEOUT;
+        args.job.timeout = lab.timeout();
     }
     let whose = match (args.solution, args.code.as_deref()) {
         (true, _) => Whose::Solution,

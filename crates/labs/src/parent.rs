@@ -61,17 +61,18 @@ pub fn check(lab: Lab, whose: Whose, only: Option<usize>, settings: &Settings) -
             return 1;
         }
     };
-    let job = |work: Work, ranks: usize| run_job(lab, work, ranks, settings, &scratch);
+    let job = |work: Work, ranks: usize| run_job(work, ranks, settings, &scratch);
     let watching = settings.steps || settings.trace.is_some();
-    if watching {
+    if watching && lab.is_collective() {
         let ranks = only.unwrap_or(DEFAULT_RANKS);
         return verdict(lab, whose, job(Work::Watch, ranks), ranks, Work::Watch);
     }
-    let counts = rank_counts(only);
-    let total: usize = counts
-        .iter()
-        .map(|&n| crate::cases::cases(lab, n).len())
-        .sum();
+    // A trace is one job's: the other labs record their cases on one rank count.
+    let counts = match watching {
+        true => vec![only.unwrap_or(lab.rank_counts()[0])],
+        false => rank_counts(lab, only),
+    };
+    let total: usize = counts.iter().map(|&n| lab.case_count(n)).sum();
     for &ranks in &counts {
         let code = verdict(lab, whose, job(Work::Cases, ranks), ranks, Work::Cases);
         if code != 0 {
@@ -84,13 +85,15 @@ pub fn check(lab: Lab, whose: Whose, only: Option<usize>, settings: &Settings) -
         lab.title(),
         ranks_in_words(&counts)
     );
-    verdict(
-        lab,
-        whose,
-        job(Work::Timing, only.unwrap_or(DEFAULT_RANKS)),
-        0,
-        Work::Timing,
-    )
+    if lab == Lab::Deadlock || watching {
+        return 0;
+    }
+    // Lab 1 times the messages between ranks 0 and 1.
+    let ranks = match lab {
+        Lab::PingPong => 2,
+        _ => only.unwrap_or(DEFAULT_RANKS),
+    };
+    verdict(lab, whose, job(Work::Timing, ranks), 0, Work::Timing)
 }
 
 /// `2, 3, 4, 5 and 8 ranks`.
@@ -117,10 +120,14 @@ fn verdict(lab: Lab, whose: Whose, ended: std::io::Result<Ended>, ranks: usize, 
         Ok(Ended::Right) => 0,
         Ok(Ended::Wrong) if work == Work::Watch => 1,
         Ok(Ended::Wrong) => {
-            println!(
-                "Fix it and run `cargo lab {n}` again; `cargo lab {n} -n {ranks} --steps` shows each of your steps.",
-                n = lab.number()
-            );
+            let n = lab.number();
+            match lab.is_collective() {
+                true => println!(
+                    "Fix {file} and run `cargo lab {n}` again; `cargo lab {n} -n {ranks} --steps` \
+                     shows each of your steps."
+                ),
+                false => println!("Fix {file} and run `cargo lab {n}` again."),
+            }
             1
         }
         Ok(Ended::NotWritten) => {
@@ -133,12 +140,21 @@ fn verdict(lab: Lab, whose: Whose, ended: std::io::Result<Ended>, ranks: usize, 
             }
             1
         }
+        Ok(Ended::Failed(_, _)) if lab == Lab::Deadlock => {
+            println!(
+                "lab 7: the program did not finish on {ranks} ranks. Above, each rank's error: a \
+                 rank that waited past --timeout names the rank it waited for. Why does each wait \
+                 for the other? Fix {file} and run `cargo lab 7` again."
+            );
+            1
+        }
         Ok(Ended::Failed(case, inside)) => {
             let which = match (work, case) {
-                (Work::Cases, Some(k)) => {
+                (Work::Cases, Some(k)) if lab.is_collective() => {
                     let case = crate::cases::cases(lab, ranks)[k];
                     format!(" in {}", case.describe(lab))
                 }
+                (Work::Cases, _) => format!(" on {ranks} ranks"),
                 _ => String::new(),
             };
             let mut ranks: Vec<String> = inside.iter().map(usize::to_string).collect();
@@ -172,13 +188,11 @@ fn verdict(lab: Lab, whose: Whose, ended: std::io::Result<Ended>, ranks: usize, 
 
 /// Starts `ranks` ranks doing `work`, waits for them, shows their output and reads their reports.
 fn run_job(
-    lab: Lab,
     work: Work,
     ranks: usize,
     settings: &Settings,
     scratch: &Scratch,
 ) -> std::io::Result<Ended> {
-    let _ = lab;
     scratch.clear();
     let dir = &scratch.0;
     let settings = Settings {

@@ -8,10 +8,10 @@ use std::path::Path;
 use comm_core::launch;
 use comm_core::{BackendChoice, Named, Result, Settings, Topology};
 
-use crate::catalog::{Lab, RANK_COUNTS};
+use crate::catalog::Lab;
 use crate::code::Code;
 use crate::report::{self, Verdict};
-use crate::{compare, panics, timing};
+use crate::{compare, ddp, deadlock, panics, pingpong, timing};
 
 /// What a job of ranks does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,15 +35,15 @@ impl Named for Work {
     }
 }
 
-/// The rank counts checked: `-n`'s, or every one of [`RANK_COUNTS`].
-pub fn rank_counts(only: Option<usize>) -> Vec<usize> {
-    only.map_or_else(|| RANK_COUNTS.to_vec(), |n| vec![n])
+/// The rank counts checked: `-n`'s, or every one of the lab's.
+pub fn rank_counts(lab: Lab, only: Option<usize>) -> Vec<usize> {
+    only.map_or_else(|| lab.rank_counts().to_vec(), |n| vec![n])
 }
 
 /// Cases on fewer ranks than `ranks` of those checked, and cases in all.
 fn numbering(lab: Lab, ranks: usize, only: Option<usize>) -> (usize, usize) {
-    let counts = rank_counts(only);
-    let count = |n: usize| crate::cases::cases(lab, n).len();
+    let counts = rank_counts(lab, only);
+    let count = |n: usize| lab.case_count(n);
     let before = counts
         .iter()
         .filter(|&&n| n < ranks)
@@ -87,15 +87,23 @@ fn run<C: Code>(
     comm: &comm_core::Communicator,
     job: &comm_core::Job,
 ) -> Result<Option<Verdict>> {
-    match work {
-        Work::Cases => {
-            let (before, total) = numbering(lab, comm.world_size(), only);
-            compare::cases::<C>(lab, comm, before, total).map(Some)
+    let (before, total) = numbering(lab, comm.world_size(), only);
+    match (lab, work) {
+        (Lab::PingPong, Work::Timing) => pingpong::timing::<C>(comm).map(|()| None),
+        (Lab::PingPong, _) => pingpong::cases::<C>(comm, before, total).map(Some),
+        (Lab::Ddp | Lab::Zero, Work::Timing) => {
+            ddp::timing::run::<C>(lab, comm, job).map(|()| None)
         }
-        Work::Watch => {
+        (Lab::Ddp | Lab::Zero, _) => {
+            ddp::check::cases::<C>(lab, comm, job, before, total).map(Some)
+        }
+        (Lab::Deadlock, Work::Timing) => Ok(None),
+        (Lab::Deadlock, _) => deadlock::cases::<C>(comm, before, total).map(Some),
+        (_, Work::Cases) => compare::cases::<C>(lab, comm, before, total).map(Some),
+        (_, Work::Watch) => {
             let quiet = job.communicator(BackendChoice::Cpu)?.with_steps(false);
             compare::watch::<C>(lab, comm, &quiet).map(Some)
         }
-        Work::Timing => timing::run::<C>(lab, comm).map(|()| None),
+        (_, Work::Timing) => timing::run::<C>(lab, comm).map(|()| None),
     }
 }

@@ -1,0 +1,37 @@
+//! Lab 1 with a bug planted on purpose, to show that the checker catches it and says where: rank
+//! 1 sends back a buffer of its own instead of the one it received (a missing step: what arrives
+//! is never passed on).
+
+use comm_core::{Buffer, Communicator, Result};
+
+/// The solution, but rank 1 answers with zeros.
+pub fn ping_pong(comm: &Communicator, buf: &mut Buffer<f32>, round_trips: usize) -> Result<()> {
+    for _ in 0..round_trips {
+        match comm.rank() {
+            0 => {
+                comm.send(&*buf, 1)?;
+                comm.recv(&mut *buf, 1)?;
+            }
+            1 => {
+                comm.recv(&mut *buf, 0)?;
+                comm.send(&comm.zeros::<f32>(buf.len())?, 0)?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// As the solution.
+pub fn fit_alpha_beta(points: &[(f64, f64)]) -> (f64, f64) {
+    let n = points.len() as f64;
+    let s_mean = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let t_mean = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let covariance: f64 = points
+        .iter()
+        .map(|(s, t)| (s - s_mean) * (t - t_mean))
+        .sum();
+    let variance: f64 = points.iter().map(|(s, _)| (s - s_mean).powi(2)).sum();
+    let beta = covariance / variance;
+    (t_mean - beta * s_mean, beta)
+}
