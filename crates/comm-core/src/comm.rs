@@ -7,100 +7,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::cpu::{algorithms, Algo, Transport};
-use crate::backend::nccl::{GroupSafe, NcclBackend};
+use crate::backend::nccl::NcclBackend;
 use crate::backend::{BackendKind, Device};
 use crate::collective::{Call, Collective};
-use crate::dtype::{Element, ReduceOp};
+use crate::dtype::{reduce_into, Element, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::steps;
 use crate::store::Store;
 use crate::trace::Span;
 
+mod buffer;
 mod part;
+use buffer::{host, host_mut, same_length, wrong_kind, Repr};
+pub use buffer::{Buffer, Buffers};
 pub use part::{Part, PartMut};
-
-/// Elements on the communicator's device: host memory for the CPU backend, GPU memory for NCCL.
-#[derive(Debug)]
-pub struct Buffer<T: Element> {
-    repr: Repr<T>,
-}
-
-#[derive(Debug)]
-enum Repr<T: Element> {
-    Host(Vec<T>),
-    /// Never freed inside an open NCCL group, whose kernels only run at its end.
-    Device(GroupSafe<T>),
-}
-
-impl<T: Element> Buffer<T> {
-    /// Number of elements (not bytes).
-    pub fn len(&self) -> usize {
-        match &self.repr {
-            Repr::Host(v) => v.len(),
-            Repr::Device(d) => d.len(),
-        }
-    }
-
-    /// Whether it holds no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// A rank's buffers for one call: one buffer in place, a send and a receive buffer out of place.
-#[derive(Debug)]
-pub enum Buffers<T: Element> {
-    /// The result overwrites the input.
-    InPlace(Buffer<T>),
-    /// Separate buffers, as NCCL's out-of-place calls take them.
-    OutOfPlace {
-        /// Read by the call.
-        send: Buffer<T>,
-        /// Written by the call.
-        recv: Buffer<T>,
-    },
-}
-
-impl<T: Element> Buffers<T> {
-    /// The send buffer (none in place) and the receive buffer, as [`Communicator::collective`](Communicator::collective)
-    /// takes them.
-    pub fn parts(&mut self) -> (Option<&Buffer<T>>, &mut Buffer<T>) {
-        match self {
-            Buffers::InPlace(buf) => (None, buf),
-            Buffers::OutOfPlace { send, recv } => (Some(send), recv),
-        }
-    }
-}
-
-fn wrong_kind() -> CommError {
-    CommError::Usage("this buffer belongs to a communicator of another backend".into())
-}
-
-/// A copy between buffers of different lengths is refused, naming both.
-fn same_length<T: Element>(what: &str, a: &Buffer<T>, b: &Buffer<T>) -> Result<()> {
-    if a.len() == b.len() {
-        return Ok(());
-    }
-    Err(CommError::Usage(format!(
-        "{what}: a buffer of {} elements and one of {}: they must be as long",
-        a.len(),
-        b.len()
-    )))
-}
-
-fn host<T: Element>(buf: &Buffer<T>) -> Result<&[T]> {
-    match &buf.repr {
-        Repr::Host(v) => Ok(v),
-        Repr::Device(_) => Err(wrong_kind()),
-    }
-}
-
-fn host_mut<T: Element>(buf: &mut Buffer<T>) -> Result<&mut [T]> {
-    match &mut buf.repr {
-        Repr::Host(v) => Ok(v),
-        Repr::Device(_) => Err(wrong_kind()),
-    }
-}
 
 enum Engine {
     /// Host memory: the algorithms run over the transport.
@@ -677,6 +597,87 @@ impl Communicator {
         }
     }
 
+    /// [`send_recv`](Communicator::send_recv) of two parts of different lengths, which the
+    /// collective table's sendrecv (nccl-tests' equal counts) does not describe: on the CPU the
+    /// transport's exchange, on NCCL one group of `ncclSend` and `ncclRecv`.
+    fn exchange<T: Element>(
+        &self,
+        send: Part<'_, T>,
+        to: usize,
+        mut recv: PartMut<'_, T>,
+        from: usize,
+    ) -> Result<()> {
+        for peer in [to, from] {
+            crate::collective::another_rank("send_recv", peer, self.rank, self.world_size)?;
+        }
+        match &self.engine {
+            Engine::Cpu(t) => t.send_recv(
+                to,
+                bytemuck::cast_slice(send.host()?),
+                from,
+                bytemuck::cast_slice_mut(recv.host()?),
+            ),
+            Engine::Nccl(nccl) => nccl.group(|| {
+                nccl.send(send.device()?, to)?;
+                nccl.recv(recv.device()?, from)
+            }),
+        }
+    }
+
+    /// `into[i] = into[i] op from[i]` on this rank, no message sent: the add of a ring's
+    /// reduce-scatter step, after the block has arrived. Both parts are as long. On the CPU
+    /// backend it runs on the host memory where they lie; on NCCL, which gives this library no
+    /// kernels of its own, the two parts go through host memory and back (PyTorch would launch
+    /// an add kernel on the GPU).
+    pub fn reduce_local<'a, 'b, T: Element>(
+        &self,
+        into: impl Into<PartMut<'a, T>>,
+        from: impl Into<Part<'b, T>>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (mut into, from) = (into.into(), from.into());
+        same_part_length("reduce_local", into.len(), from.len())?;
+        match &self.engine {
+            Engine::Cpu(_) => {
+                reduce_into(op, into.host()?, from.host()?);
+                Ok(())
+            }
+            Engine::Nccl(nccl) => {
+                let (mut acc, mut other) = (
+                    vec![T::default(); into.len()],
+                    vec![T::default(); from.len()],
+                );
+                nccl.download_into(into.device()?, &mut acc)?;
+                nccl.download_into(from.device()?, &mut other)?;
+                reduce_into(op, &mut acc, &other);
+                nccl.upload_into(&acc, into.device()?)
+            }
+        }
+    }
+
+    /// Copies `from` into `into` on this rank, no message sent (both as long): how an
+    /// out-of-place collective first puts its own block where the result wants it. On NCCL the
+    /// elements go through host memory.
+    pub fn copy_local<'a, 'b, T: Element>(
+        &self,
+        from: impl Into<Part<'a, T>>,
+        into: impl Into<PartMut<'b, T>>,
+    ) -> Result<()> {
+        let (from, mut into) = (from.into(), into.into());
+        same_part_length("copy_local", into.len(), from.len())?;
+        match &self.engine {
+            Engine::Cpu(_) => {
+                into.host()?.copy_from_slice(from.host()?);
+                Ok(())
+            }
+            Engine::Nccl(nccl) => {
+                let mut values = vec![T::default(); from.len()];
+                nccl.download_into(from.device()?, &mut values)?;
+                nccl.upload_into(&values, into.device()?)
+            }
+        }
+    }
+
     /// Prints every rank's buffer as the course's grid, on rank 0, under `title`. Every rank
     /// must call it; only the cells shown travel (through the store), so it is cheap for long
     /// buffers.
@@ -702,5 +703,15 @@ struct PhaseAfterCall;
 impl Drop for PhaseAfterCall {
     fn drop(&mut self) {
         crate::phase::enter(crate::phase::Phase::Working);
+    }
+}
+
+/// Two parts of as many elements, or a usage error for `what` naming both lengths.
+fn same_part_length(what: &str, a: usize, b: usize) -> Result<()> {
+    match a == b {
+        true => Ok(()),
+        false => Err(CommError::Usage(format!(
+            "{what}: a part of {a} elements and one of {b}: they must be as long"
+        ))),
     }
 }

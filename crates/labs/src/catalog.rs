@@ -98,16 +98,6 @@ impl Lab {
         matches!(self, Lab::Broadcast | Lab::AllReduce | Lab::Rings)
     }
 
-    /// Its cases on `ranks` ranks.
-    pub fn case_count(self, ranks: usize) -> usize {
-        match self {
-            Lab::PingPong => crate::pingpong::count(),
-            Lab::Broadcast | Lab::AllReduce | Lab::Rings => crate::cases::cases(self, ranks).len(),
-            Lab::Ddp | Lab::Zero => crate::ddp::check::Variant::of(self).len(),
-            Lab::Deadlock => crate::deadlock::count(),
-        }
-    }
-
     /// Its `--timeout` unless given: short, so that a hang is found soon; long enough for 8
     /// ranks on 2 busy cores. Lab 7 hangs on purpose: 5 seconds.
     pub fn timeout(self) -> f64 {

@@ -97,17 +97,18 @@ pub trait Code {
     ) -> Result<()>;
 }
 
-/// Implements [`Code`] for `$whose` with the files of module `$files`.
+/// Implements [`Code`] for a new type `$whose` with the files of module `$files` (`main.rs`
+/// declares the four sets of files and their types).
 macro_rules! code {
     ($whose:ident, $files:path) => {
         #[doc = concat!("The ", stringify!($whose), " files.")]
         pub struct $whose;
-        impl Code for $whose {
+        impl crate::code::Code for $whose {
             fn ping_pong(
-                comm: &Communicator,
-                buf: &mut Buffer<f32>,
+                comm: &::comm_core::Communicator,
+                buf: &mut ::comm_core::Buffer<f32>,
                 round_trips: usize,
-            ) -> Result<()> {
+            ) -> ::comm_core::Result<()> {
                 use $files as files;
                 files::lab1_ping_pong::ping_pong(comm, buf, round_trips)
             }
@@ -115,81 +116,90 @@ macro_rules! code {
                 use $files as files;
                 files::lab1_ping_pong::fit_alpha_beta(points)
             }
-            fn tree_broadcast<T: Element>(
-                comm: &Communicator,
-                buf: &mut Buffer<T>,
+            fn tree_broadcast<T: ::comm_core::Element>(
+                comm: &::comm_core::Communicator,
+                buf: &mut ::comm_core::Buffer<T>,
                 root: usize,
-            ) -> Result<()> {
+            ) -> ::comm_core::Result<()> {
                 use $files as files;
                 files::lab2_tree_broadcast::tree_broadcast(comm, buf, root)
             }
-            fn ring_all_reduce<T: Element>(
-                comm: &Communicator,
-                data: &mut Buffer<T>,
-            ) -> Result<()> {
+            fn ring_all_reduce<T: ::comm_core::Element>(
+                comm: &::comm_core::Communicator,
+                data: &mut ::comm_core::Buffer<T>,
+            ) -> ::comm_core::Result<()> {
                 use $files as files;
                 files::lab3_ring_all_reduce::ring_all_reduce(comm, data)
             }
-            fn all_gather<T: Element>(comm: &Communicator, buf: &mut Buffer<T>) -> Result<()> {
+            fn all_gather<T: ::comm_core::Element>(
+                comm: &::comm_core::Communicator,
+                buf: &mut ::comm_core::Buffer<T>,
+            ) -> ::comm_core::Result<()> {
                 use $files as files;
                 files::lab4_rings::all_gather(comm, buf)
             }
-            fn all_gather_into<T: Element>(
-                comm: &Communicator,
-                send: &Buffer<T>,
-                recv: &mut Buffer<T>,
-            ) -> Result<()> {
+            fn all_gather_into<T: ::comm_core::Element>(
+                comm: &::comm_core::Communicator,
+                send: &::comm_core::Buffer<T>,
+                recv: &mut ::comm_core::Buffer<T>,
+            ) -> ::comm_core::Result<()> {
                 use $files as files;
                 files::lab4_rings::all_gather_into(comm, send, recv)
             }
-            fn reduce_scatter<T: Element>(comm: &Communicator, buf: &mut Buffer<T>) -> Result<()> {
+            fn reduce_scatter<T: ::comm_core::Element>(
+                comm: &::comm_core::Communicator,
+                buf: &mut ::comm_core::Buffer<T>,
+            ) -> ::comm_core::Result<()> {
                 use $files as files;
                 files::lab4_rings::reduce_scatter(comm, buf)
             }
-            fn reduce_scatter_into<T: Element>(
-                comm: &Communicator,
-                send: &Buffer<T>,
-                recv: &mut Buffer<T>,
-            ) -> Result<()> {
+            fn reduce_scatter_into<T: ::comm_core::Element>(
+                comm: &::comm_core::Communicator,
+                send: &::comm_core::Buffer<T>,
+                recv: &mut ::comm_core::Buffer<T>,
+            ) -> ::comm_core::Result<()> {
                 use $files as files;
                 files::lab4_rings::reduce_scatter_into(comm, send, recv)
             }
             fn naive(
-                comm: &Communicator,
+                comm: &::comm_core::Communicator,
                 grads: &mut [f32],
-                tensors: &[Range<usize>],
-            ) -> Result<()> {
+                tensors: &[::std::ops::Range<usize>],
+            ) -> ::comm_core::Result<()> {
                 use $files as files;
                 files::lab5_ddp::naive(comm, grads, tensors)
             }
-            fn flattened(comm: &Communicator, grads: &mut [f32]) -> Result<()> {
+            fn flattened(
+                comm: &::comm_core::Communicator,
+                grads: &mut [f32],
+            ) -> ::comm_core::Result<()> {
                 use $files as files;
                 files::lab5_ddp::flattened(comm, grads)
             }
             fn bucketed(
-                comm: &AsyncComm,
-                backward: &mut Backward<'_>,
-                buckets: &[Bucket],
-                tensors: &[Range<usize>],
-            ) -> Result<()> {
+                comm: &::comm_core::AsyncComm,
+                backward: &mut crate::ddp::Backward<'_>,
+                buckets: &[crate::ddp::Bucket],
+                tensors: &[::std::ops::Range<usize>],
+            ) -> ::comm_core::Result<()> {
                 use $files as files;
                 files::lab5_ddp::bucketed(comm, backward, buckets, tensors)
             }
             fn zero1_step(
-                comm: &Communicator,
+                comm: &::comm_core::Communicator,
                 params: &mut [f32],
                 grads: &[f32],
                 momentum: &mut [f32],
-                sgd: Sgd,
-            ) -> Result<()> {
+                sgd: crate::ddp::Sgd,
+            ) -> ::comm_core::Result<()> {
                 use $files as files;
                 files::lab6_zero::zero1_step(comm, params, grads, momentum, sgd)
             }
             fn end_of_step(
-                comm: &Communicator,
-                stats: &mut Buffer<f32>,
-                lr: &mut Buffer<f32>,
-            ) -> Result<()> {
+                comm: &::comm_core::Communicator,
+                stats: &mut ::comm_core::Buffer<f32>,
+                lr: &mut ::comm_core::Buffer<f32>,
+            ) -> ::comm_core::Result<()> {
                 use $files as files;
                 files::lab7_deadlock::end_of_step(comm, stats, lr)
             }
@@ -197,7 +207,4 @@ macro_rules! code {
     };
 }
 
-code!(Yours, crate::yours);
-code!(Solution, crate::solutions);
-code!(Skeleton, crate::skeletons);
-code!(Planted, crate::planted);
+pub(crate) use code;

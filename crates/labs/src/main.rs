@@ -37,7 +37,7 @@ mod lab5_ddp;
 mod lab6_zero;
 mod lab7_deadlock;
 
-/// The student's files, as one set of lab files ([`code::Yours`]).
+/// The student's files, as one set of lab files ([`Yours`]).
 mod yours {
     pub(crate) use crate::{
         lab1_ping_pong, lab2_tree_broadcast, lab3_ring_all_reduce, lab4_rings, lab5_ddp, lab6_zero,
@@ -81,6 +81,11 @@ mod planted {
     pub mod lab6_zero;
     pub mod lab7_deadlock;
 }
+
+code::code!(Yours, crate::yours);
+code::code!(Solution, crate::solutions);
+code::code!(Skeleton, crate::skeletons);
+code::code!(Planted, crate::planted);
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -182,16 +187,16 @@ fn main() -> ExitCode {
                 let work = Work::from_name(work).expect("the checker names the work");
                 match whose {
                     Whose::Yours => {
-                        rank::main::<code::Yours>(lab, work, dir, args.ranks, &settings, topology)
+                        rank::main::<Yours>(lab, work, dir, args.ranks, &settings, topology)
                     }
-                    Whose::Solution => rank::main::<code::Solution>(
-                        lab, work, dir, args.ranks, &settings, topology,
-                    ),
-                    Whose::Skeleton => rank::main::<code::Skeleton>(
-                        lab, work, dir, args.ranks, &settings, topology,
-                    ),
+                    Whose::Solution => {
+                        rank::main::<Solution>(lab, work, dir, args.ranks, &settings, topology)
+                    }
+                    Whose::Skeleton => {
+                        rank::main::<Skeleton>(lab, work, dir, args.ranks, &settings, topology)
+                    }
                     Whose::Planted => {
-                        rank::main::<code::Planted>(lab, work, dir, args.ranks, &settings, topology)
+                        rank::main::<Planted>(lab, work, dir, args.ranks, &settings, topology)
                     }
                 }
             }

@@ -14,7 +14,7 @@ use comm_core::{Named, Settings};
 
 use crate::catalog::{Lab, DEFAULT_RANKS};
 use crate::code::Whose;
-use crate::rank::{rank_counts, Work};
+use crate::rank::{case_count, rank_counts, Work};
 use crate::report::{self, Verdict};
 
 /// A folder of this checker's own under the system's temporary folder, removed when dropped.
@@ -72,7 +72,7 @@ pub fn check(lab: Lab, whose: Whose, only: Option<usize>, settings: &Settings) -
         true => vec![only.unwrap_or(lab.rank_counts()[0])],
         false => rank_counts(lab, only),
     };
-    let total: usize = counts.iter().map(|&n| lab.case_count(n)).sum();
+    let total: usize = counts.iter().map(|&n| case_count(lab, n)).sum();
     for &ranks in &counts {
         let code = verdict(lab, whose, job(Work::Cases, ranks), ranks, Work::Cases);
         if code != 0 {

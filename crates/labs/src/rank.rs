@@ -40,10 +40,20 @@ pub fn rank_counts(lab: Lab, only: Option<usize>) -> Vec<usize> {
     only.map_or_else(|| lab.rank_counts().to_vec(), |n| vec![n])
 }
 
+/// The cases of `lab` on `ranks` ranks.
+pub fn case_count(lab: Lab, ranks: usize) -> usize {
+    match lab {
+        Lab::PingPong => pingpong::count(),
+        Lab::Broadcast | Lab::AllReduce | Lab::Rings => crate::cases::cases(lab, ranks).len(),
+        Lab::Ddp | Lab::Zero => ddp::check::Variant::of(lab).len(),
+        Lab::Deadlock => deadlock::count(),
+    }
+}
+
 /// Cases on fewer ranks than `ranks` of those checked, and cases in all.
 fn numbering(lab: Lab, ranks: usize, only: Option<usize>) -> (usize, usize) {
     let counts = rank_counts(lab, only);
-    let count = |n: usize| lab.case_count(n);
+    let count = |n: usize| case_count(lab, n);
     let before = counts
         .iter()
         .filter(|&&n| n < ranks)

@@ -12,8 +12,8 @@ use std::ops::{Bound, Range, RangeBounds};
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 
-use super::{wrong_kind, Buffer, Communicator, Engine, Repr};
-use crate::dtype::{reduce_into, Element, ReduceOp};
+use super::buffer::{wrong_kind, Buffer, Repr};
+use crate::dtype::Element;
 use crate::error::{CommError, Result};
 
 /// Elements `range` of a [`Buffer`], to send from ([`Buffer::part`]). A `&Buffer` is a part too:
@@ -251,103 +251,11 @@ impl<'a, T: Element> From<&'a mut Buffer<T>> for PartMut<'a, T> {
     }
 }
 
-/// Two parts of as many elements, or a usage error for `what` naming both lengths.
-fn same_length(what: &str, a: usize, b: usize) -> Result<()> {
-    match a == b {
-        true => Ok(()),
-        false => Err(CommError::Usage(format!(
-            "{what}: a part of {a} elements and one of {b}: they must be as long"
-        ))),
-    }
-}
-
-impl Communicator {
-    /// [`send_recv`](Communicator::send_recv) of two parts of different lengths, which the
-    /// collective table's sendrecv (nccl-tests' equal counts) does not describe: on the CPU the
-    /// transport's exchange, on NCCL one group of `ncclSend` and `ncclRecv`.
-    pub(super) fn exchange<T: Element>(
-        &self,
-        send: Part<'_, T>,
-        to: usize,
-        mut recv: PartMut<'_, T>,
-        from: usize,
-    ) -> Result<()> {
-        for peer in [to, from] {
-            crate::collective::another_rank("send_recv", peer, self.rank, self.world_size)?;
-        }
-        match &self.engine {
-            Engine::Cpu(t) => t.send_recv(
-                to,
-                bytemuck::cast_slice(send.host()?),
-                from,
-                bytemuck::cast_slice_mut(recv.host()?),
-            ),
-            Engine::Nccl(nccl) => nccl.group(|| {
-                nccl.send(send.device()?, to)?;
-                nccl.recv(recv.device()?, from)
-            }),
-        }
-    }
-
-    /// `into[i] = into[i] op from[i]` on this rank, no message sent: the add of a ring's
-    /// reduce-scatter step, after the block has arrived. Both parts are as long. On the CPU
-    /// backend it runs on the host memory where they lie; on NCCL, which gives this library no
-    /// kernels of its own, the two parts go through host memory and back (PyTorch would launch
-    /// an add kernel on the GPU).
-    pub fn reduce_local<'a, 'b, T: Element>(
-        &self,
-        into: impl Into<PartMut<'a, T>>,
-        from: impl Into<Part<'b, T>>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let (mut into, from) = (into.into(), from.into());
-        same_length("reduce_local", into.len(), from.len())?;
-        match &self.engine {
-            Engine::Cpu(_) => {
-                reduce_into(op, into.host()?, from.host()?);
-                Ok(())
-            }
-            Engine::Nccl(nccl) => {
-                let (mut acc, mut other) = (
-                    vec![T::default(); into.len()],
-                    vec![T::default(); from.len()],
-                );
-                nccl.download_into(into.device()?, &mut acc)?;
-                nccl.download_into(from.device()?, &mut other)?;
-                reduce_into(op, &mut acc, &other);
-                nccl.upload_into(&acc, into.device()?)
-            }
-        }
-    }
-
-    /// Copies `from` into `into` on this rank, no message sent (both as long): how an
-    /// out-of-place collective first puts its own block where the result wants it. On NCCL the
-    /// elements go through host memory.
-    pub fn copy_local<'a, 'b, T: Element>(
-        &self,
-        from: impl Into<Part<'a, T>>,
-        into: impl Into<PartMut<'b, T>>,
-    ) -> Result<()> {
-        let (from, mut into) = (from.into(), into.into());
-        same_length("copy_local", into.len(), from.len())?;
-        match &self.engine {
-            Engine::Cpu(_) => {
-                into.host()?.copy_from_slice(from.host()?);
-                Ok(())
-            }
-            Engine::Nccl(nccl) => {
-                let mut values = vec![T::default(); from.len()];
-                nccl.download_into(from.device()?, &mut values)?;
-                nccl.upload_into(&values, into.device()?)
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::backend::cpu::ChannelTransport;
+    use crate::comm::Communicator;
+    use crate::dtype::ReduceOp;
 
     fn comm() -> Communicator {
         let transport = ChannelTransport::mesh(1, std::time::Duration::from_secs(5));
