@@ -1,4 +1,4 @@
-//! Lab 1: ping-pong, and the α–β model fitted by hand. The page: docs/src/labs/lab1.md. Check it
+//! Lab 1: ping-pong, and the α–β model fitted by hand. The page: docs/src/lab1-ping-pong.md. Check it
 //! with `cargo lab 1`.
 
 use comm_core::{Buffer, Communicator, Result};

@@ -1,4 +1,4 @@
-//! Lab 2: broadcast as a binomial tree, from `send` and `recv`. The page: docs/src/labs/lab2.md.
+//! Lab 2: broadcast as a binomial tree, from `send` and `recv`. The page: docs/src/lab2-tree-broadcast.md.
 //! Check it with `cargo lab 2`.
 
 use comm_core::{Buffer, Communicator, Element, Result};

@@ -1,5 +1,5 @@
 //! Lab 4: all-gather and reduce-scatter as rings, in place and out of place, blocks in rank
-//! order. The page: docs/src/labs/lab4.md. Check them with `cargo lab 4`.
+//! order. The page: docs/src/lab4-rings.md. Check them with `cargo lab 4`.
 
 use comm_core::{Buffer, Communicator, Element, ReduceOp, Result};
 

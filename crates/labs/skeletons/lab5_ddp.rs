@@ -1,5 +1,5 @@
 //! Lab 5: data-parallel training by hand, three ways, on the training crate's model and data
-//! (the one example 06 trains). The page: docs/src/labs/lab5.md. Check them with `cargo lab 5`:
+//! (the one example 06 trains). The page: docs/src/lab5-ddp.md. Check them with `cargo lab 5`:
 //! each must give the library's DDP loss, and the checker prints the four step times side by side.
 //!
 //! Every rank has run forward and backward on its own share of the batch; its gradients are its

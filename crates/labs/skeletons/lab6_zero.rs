@@ -1,4 +1,4 @@
-//! Lab 6: ZeRO-1, the optimizer's state sharded across the ranks. The page: docs/src/labs/lab6.md.
+//! Lab 6: ZeRO-1, the optimizer's state sharded across the ranks. The page: docs/src/lab6-zero.md.
 //! Check it with `cargo lab 6`: it must give DDP's loss, with 1/n of DDP's optimizer state on
 //! each rank.
 

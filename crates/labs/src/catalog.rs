@@ -126,20 +126,21 @@ impl Lab {
         }
     }
 
-    /// The lab's page in the book, from `docs/src`.
+    /// The lab's page in the book, from `docs/src`: named as its file, `lab3-ring-all-reduce.md`.
     pub fn page_path(self) -> String {
-        format!("labs/lab{}.md", self.number())
+        let stem = self.file().rsplit('/').next().unwrap_or_default();
+        stem.replace(".rs", ".md").replace('_', "-")
     }
 
     fn page(self) -> &'static str {
         match self {
-            Lab::PingPong => include_str!("../../../docs/src/labs/lab1.md"),
-            Lab::Broadcast => include_str!("../../../docs/src/labs/lab2.md"),
-            Lab::AllReduce => include_str!("../../../docs/src/labs/lab3.md"),
-            Lab::Rings => include_str!("../../../docs/src/labs/lab4.md"),
-            Lab::Ddp => include_str!("../../../docs/src/labs/lab5.md"),
-            Lab::Zero => include_str!("../../../docs/src/labs/lab6.md"),
-            Lab::Deadlock => include_str!("../../../docs/src/labs/lab7.md"),
+            Lab::PingPong => include_str!("../../../docs/src/lab1-ping-pong.md"),
+            Lab::Broadcast => include_str!("../../../docs/src/lab2-tree-broadcast.md"),
+            Lab::AllReduce => include_str!("../../../docs/src/lab3-ring-all-reduce.md"),
+            Lab::Rings => include_str!("../../../docs/src/lab4-rings.md"),
+            Lab::Ddp => include_str!("../../../docs/src/lab5-ddp.md"),
+            Lab::Zero => include_str!("../../../docs/src/lab6-zero.md"),
+            Lab::Deadlock => include_str!("../../../docs/src/lab7-deadlock.md"),
         }
     }
 

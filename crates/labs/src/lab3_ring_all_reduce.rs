@@ -1,4 +1,4 @@
-//! Lab 3: the ring all-reduce, from `send_recv`. The page: docs/src/labs/lab3.md. Check it with
+//! Lab 3: the ring all-reduce, from `send_recv`. The page: docs/src/lab3-ring-all-reduce.md. Check it with
 //! `cargo lab 3`.
 
 use comm_core::{Buffer, Communicator, Element, ReduceOp, Result};

@@ -1,4 +1,4 @@
-//! Lab 7: a deadlock to find. The page: docs/src/labs/lab7.md. This program is written, and it
+//! Lab 7: a deadlock to find. The page: docs/src/lab7-deadlock.md. This program is written, and it
 //! hangs: `cargo lab 7` runs it with a short `--timeout` and shows what each rank waited for.
 //! Find why, and fix it here.
 
