@@ -1,7 +1,7 @@
 //! `lab`, the labs' checker: `cargo lab 3` (an alias, in `.cargo/config.toml`, for `cargo run
 //! --release -p labs -- 3`) checks lab 3. It starts the ranks itself, 2 to 8 of them, runs your
 //! function and the library's collective on the same inputs, and compares every element; then
-//! it times both. The labs' pages are in the book (docs/src/labs/).
+//! it times both. Each lab has a page in the book (docs/src/lab1-ping-pong.md and on).
 //!
 //! The files you edit are `src/labN_*.rs`, one per lab, each holding only the functions you
 //! write. `solutions/` holds a solution of each (`--solution` runs it); `skeletons/` and
@@ -125,8 +125,7 @@ struct Args {
     #[arg(long, conflicts_with = "code")]
     solution: bool,
 
-    /// The job flags every program shares (--timeout: how long a rank waits for another before
-    /// the check fails, 20 s unless given; 5 s for lab 7).
+    /// The job flags every program shares.
     #[command(flatten)]
     job: JobArgs,
 
@@ -144,7 +143,15 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let matches = Args::command().get_matches();
+    // The job flags' --timeout, as the checker takes it: short, so that a hang is found soon.
+    let matches = Args::command()
+        .mut_arg("timeout", |arg| {
+            arg.default_value("20").help(
+                "Seconds a rank may wait for another (the rendezvous, a message, a collective) \
+                 before the check fails, naming whom it waited for [lab 7: 5 unless given]",
+            )
+        })
+        .get_matches();
     let mut args = match Args::from_arg_matches(&matches) {
         Ok(args) => args,
         Err(e) => e.exit(),
@@ -219,7 +226,7 @@ fn rank_count(text: &str) -> Result<usize, String> {
 
 /// `cargo lab` alone: the labs, and how to check one.
 fn list() {
-    println!("The labs (each page is in the book, docs/src/labs/):");
+    println!("The labs (each has a page in the book: docs/src/lab1-ping-pong.md and on):");
     for lab in Lab::ALL {
         println!("  {}  {:<38} {}", lab.number(), lab.title(), lab.file());
     }

@@ -108,9 +108,11 @@ fn ranks_in_words(counts: &[usize]) -> String {
 
 /// What the student is told after a job; the exit code (0 to go on).
 fn verdict(lab: Lab, whose: Whose, ended: std::io::Result<Ended>, ranks: usize, work: Work) -> i32 {
+    // The file to fix: the student's (a skeleton run is a fresh clone's), or the one run.
     let file = match whose {
         Whose::Yours | Whose::Skeleton => lab.file().to_string(),
-        other => lab.file().replace("/src/", &format!("/{}s/", other.name())),
+        Whose::Solution => lab.file().replace("/src/", "/solutions/"),
+        Whose::Planted => lab.file().replace("/src/", "/planted/"),
     };
     match ended {
         Err(e) => {
@@ -146,6 +148,12 @@ fn verdict(lab: Lab, whose: Whose, ended: std::io::Result<Ended>, ranks: usize, 
                  rank that waited past --timeout names the rank it waited for. Why does each wait \
                  for the other? Fix {file} and run `cargo lab 7` again."
             );
+            if let Some(hint) = lab.hints().first() {
+                println!(
+                    "hint 1 (more on the lab's page, docs/src/{}): {hint}",
+                    lab.page_path()
+                );
+            }
             1
         }
         Ok(Ended::Failed(case, inside)) => {
@@ -232,10 +240,34 @@ fn run_job(
     if !matches!(ended, Ended::NotWritten) {
         show_output(dir, ranks, !matches!(ended, Ended::Right | Ended::Wrong));
     }
+    if let (Ended::Failed(..), Some(file)) = (&ended, &settings.trace) {
+        merge_failed_trace(file, ranks);
+    }
     if let Err(e) = outcome {
         eprintln!("error: {e}");
     }
     Ok(ended)
+}
+
+/// A failed job's trace: each rank wrote its part up to its failure; merged when every rank
+/// did (a rank the launcher stopped first wrote none).
+fn merge_failed_trace(file: &Path, ranks: usize) {
+    let part = |r: usize| {
+        let mut name = file.as_os_str().to_owned();
+        name.push(format!(".rank{r}"));
+        PathBuf::from(name)
+    };
+    if (0..ranks).all(|r| part(r).is_file()) && comm_core::trace::merge(file, ranks).is_ok() {
+        println!(
+            "trace: {} (up to the failure; draw it with `comm-bench timeline {}`)",
+            file.display(),
+            file.display()
+        );
+    } else {
+        (0..ranks).for_each(|r| {
+            let _ = std::fs::remove_file(part(r));
+        });
+    }
 }
 
 /// Prints what the ranks printed: rank 0's lines as they are (but the backend line every

@@ -141,7 +141,7 @@ pub fn timing<C: Code>(comm: &Communicator) -> Result<()> {
         yours.push((bytes as f64, one_way));
         library.extend(shape.point(bytes as u64, theirs * 1e6));
         rows.push(format!(
-            "{:>10} {:>12} {:>12}",
+            "  {}: yours {}, the library's {}",
             human_bytes(bytes as f64),
             us(one_way),
             us(theirs)
@@ -151,11 +151,13 @@ pub fn timing<C: Code>(comm: &Communicator) -> Result<()> {
     if comm.rank() != 0 {
         return Ok(());
     }
-    println!("one message between ranks 0 and 1: half a round trip of your ping_pong, and the library's (a broadcast on 2 ranks), the median of 5:");
-    println!("{:>10} {:>12} {:>12}", "size", "yours", "library");
+    println!(
+        "one message between ranks 0 and 1, the median of 5: half a round trip of your ping_pong, \
+         and the library's (a broadcast on 2 ranks):"
+    );
     rows.iter().for_each(|r| println!("{r}"));
     println!(
-        "your fit (least squares on the times):  α = {}, β = {:.4} ns a byte ({})",
+        "your fit (least squares on the times): α = {}, β = {:.4} ns a byte ({})",
         us(alpha),
         beta * 1e9,
         gbps(1.0 / beta / 1e9)

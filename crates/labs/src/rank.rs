@@ -83,7 +83,14 @@ pub fn main<C: Code>(
         match done {
             Ok(Some(verdict)) if comm.rank() == 0 => report::verdict(verdict),
             Ok(_) => {}
-            Err(_) => report::failed(),
+            Err(_) => {
+                report::failed();
+                // A job that fails writes no trace; this rank's part, up to the failure, is what
+                // the student reads a hang from (the checker merges the parts).
+                if let Some(file) = &settings.trace {
+                    let _ = comm_core::trace::write_part(file);
+                }
+            }
         }
         done?;
         comm.close()

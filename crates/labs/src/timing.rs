@@ -120,7 +120,7 @@ pub fn run<C: Code>(lab: Lab, comm: &Communicator) -> Result<()> {
                 .point(bytes as u64, f64::NAN)
                 .map_or(f64::NAN, |p| fitted.model.time_us(&p) / 1e6);
             rows.push(format!(
-                "{:>10} {:>11} {:>11} {:>11}",
+                "  {}: yours {}, the library's {}, the α–β model's {}",
                 human_bytes(bytes as f64),
                 ms(mine),
                 ms(theirs),
@@ -132,11 +132,8 @@ pub fn run<C: Code>(lab: Lab, comm: &Communicator) -> Result<()> {
         }
         let algo = lab.algo().name();
         println!(
-            "{collective} on {n} ranks, the median of {CALLS} calls (each the slowest rank's time); the library runs its {algo} too:"
-        );
-        println!(
-            "{:>10} {:>11} {:>11} {:>11}",
-            "size", "yours", "library", "α–β model"
+            "{collective} on {n} ranks, the median of {CALLS} calls, each the slowest rank's time \
+             (the library runs its {algo} too):"
         );
         rows.iter().for_each(|r| println!("{r}"));
         let m = &fitted.model;

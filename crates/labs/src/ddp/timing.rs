@@ -124,7 +124,7 @@ pub fn run<C: Code>(lab: Lab, comm: &Communicator, job: &Job) -> Result<()> {
         config.batch
     );
     for (name, seconds) in rows {
-        println!("  {name:<44} {:>9.2} ms", seconds * 1e3);
+        println!("  {name}: {:.2} ms", seconds * 1e3);
     }
     if lab == Lab::Zero {
         let floats = |count: usize| count * std::mem::size_of::<f32>();
