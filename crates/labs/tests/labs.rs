@@ -83,10 +83,31 @@ fn every_pristine_skeleton_is_not_written_yet() {
 
 #[test]
 fn lab_7s_program_hangs_and_the_timeout_names_who_waited_for_whom() {
-    let done = lab(&["7", "--code", "skeleton", "--timeout", "2"]);
+    let dir = scratch("labs-hang");
+    let trace = dir.join("lab7.json");
+    let done = lab(&[
+        "7",
+        "--code",
+        "skeleton",
+        "--timeout",
+        "2",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
     assert_eq!(done.code_or_signal(), 1, "{done:?}");
     says(&done, "timed out after 2s waiting for rank");
     says(&done, "lab 7: the program did not finish on 2 ranks");
+    says(
+        &done,
+        "hint 1 (more on the lab's page, docs/src/lab7-deadlock.md)",
+    );
+    // The ranks' trace up to the failure: rank 0 last in a broadcast, rank 1 in a reduce.
+    let json = std::fs::read_to_string(&trace).unwrap_or_else(|e| panic!("{e}: {done:?}"));
+    assert!(
+        json.contains("\"broadcast\"") && json.contains("\"reduce\""),
+        "{json}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// Each planted bug, and where it must be caught: the case, and the first wrong rank and
