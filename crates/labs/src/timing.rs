@@ -7,7 +7,6 @@
 use std::time::Instant;
 
 use comm_bench::model::fit::{fit, Fit, Shape};
-use comm_bench::model::paths::structure_text;
 use comm_bench::units::human_bytes;
 use comm_core::timing::median;
 use comm_core::{Buffer, Call, Collective, Communicator, Named, ReduceOp, Result};
@@ -139,7 +138,7 @@ pub fn run<C: Code>(lab: Lab, comm: &Communicator) -> Result<()> {
         let m = &fitted.model;
         println!(
             "α–β model of the {}: comm-bench model's fit of the library's {collective} here at {} sizes, {} to {}: α = {:.1} us a step, {} in cache, {} from memory",
-            structure_text(collective, &[algo]),
+            fitted.points[0].path.words,
             FITTED.len(),
             human_bytes(FITTED[0] as f64),
             human_bytes(FITTED[FITTED.len() - 1] as f64),

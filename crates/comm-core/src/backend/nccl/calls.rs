@@ -341,11 +341,7 @@ impl NcclBackend {
     }
 
     /// [`download`](Self::download) into host memory the caller keeps (as many elements).
-    pub fn download_into<T: Element>(
-        &self,
-        buf: &impl DevicePtr<T>,
-        host: &mut [T],
-    ) -> Result<()> {
+    pub fn download_into<T: Element>(&self, buf: &impl DevicePtr<T>, host: &mut [T]) -> Result<()> {
         let live = self.live.get();
         let wait = self.batching(|b| before_download(live, in_group(), b))?;
         let watched = self
