@@ -13,12 +13,7 @@ pub fn ring_all_reduce<T: Element>(comm: &Communicator, data: &mut Buffer<T>) ->
     for s in 1..n - 1 {
         let (out, into) = (block(rank + 1 + n - s), block(rank + n - s));
         let arrived = ..into.len();
-        comm.send_recv(
-            data.part(out)?,
-            next,
-            incoming.part_mut(arrived.clone())?,
-            prev,
-        )?;
+        comm.send_recv(data.part(out)?, next, incoming.part_mut(arrived)?, prev)?;
         comm.reduce_local(data.part_mut(into)?, incoming.part(arrived)?, ReduceOp::Sum)?;
     }
     for s in 1..n {

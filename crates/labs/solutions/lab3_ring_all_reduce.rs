@@ -20,12 +20,7 @@ pub fn ring_all_reduce<T: Element>(comm: &Communicator, data: &mut Buffer<T>) ->
         // Reduce-scatter, step s: send block rank+1-s, add the arriving block rank-s into ours.
         let (out, into) = (block(rank + 1 + n - s), block(rank + n - s));
         let arrived = ..into.len();
-        comm.send_recv(
-            data.part(out)?,
-            next,
-            incoming.part_mut(arrived.clone())?,
-            prev,
-        )?;
+        comm.send_recv(data.part(out)?, next, incoming.part_mut(arrived)?, prev)?;
         comm.reduce_local(data.part_mut(into)?, incoming.part(arrived)?, ReduceOp::Sum)?;
         comm.show_step(&format!("reduce-scatter, step {s} of {}", n - 1), data)?;
     }
