@@ -114,6 +114,7 @@ fn verdict(lab: Lab, whose: Whose, ended: std::io::Result<Ended>, ranks: usize, 
         Whose::Solution => lab.file().replace("/src/", "/solutions/"),
         Whose::Planted => lab.file().replace("/src/", "/planted/"),
     };
+    let n = lab.number();
     match ended {
         Err(e) => {
             eprintln!("error: cannot start the ranks: {e}");
@@ -122,7 +123,6 @@ fn verdict(lab: Lab, whose: Whose, ended: std::io::Result<Ended>, ranks: usize, 
         Ok(Ended::Right) => 0,
         Ok(Ended::Wrong) if work == Work::Watch => 1,
         Ok(Ended::Wrong) => {
-            let n = lab.number();
             match lab.is_collective() {
                 true => println!(
                     "Fix {file} and run `cargo lab {n}` again; `cargo lab {n} -n {ranks} --steps` \
@@ -133,13 +133,8 @@ fn verdict(lab: Lab, whose: Whose, ended: std::io::Result<Ended>, ranks: usize, 
             1
         }
         Ok(Ended::NotWritten) => {
-            println!("lab {} is not written yet: open {file}", lab.number());
-            if let Some(hint) = lab.hints().first() {
-                println!(
-                    "hint 1 (more on the lab's page, docs/src/{}): {hint}",
-                    lab.page_path()
-                );
-            }
+            println!("lab {n} is not written yet: open {file}");
+            first_hint(lab);
             1
         }
         Ok(Ended::Failed(_, _)) if lab == Lab::Deadlock => {
@@ -148,49 +143,56 @@ fn verdict(lab: Lab, whose: Whose, ended: std::io::Result<Ended>, ranks: usize, 
                  rank that waited past --timeout names the rank it waited for. Why does each wait \
                  for the other? Fix {file} and run `cargo lab 7` again."
             );
-            if let Some(hint) = lab.hints().first() {
-                println!(
-                    "hint 1 (more on the lab's page, docs/src/{}): {hint}",
-                    lab.page_path()
-                );
-            }
+            first_hint(lab);
             1
         }
         Ok(Ended::Failed(case, inside)) => {
-            let which = match (work, case) {
-                (Work::Cases, Some(k)) if lab.is_collective() => {
-                    let case = crate::cases::cases(lab, ranks)[k];
-                    format!(" in {}", case.describe(lab))
-                }
-                (Work::Cases, _) => format!(" on {ranks} ranks"),
-                _ => String::new(),
-            };
-            let mut ranks: Vec<String> = inside.iter().map(usize::to_string).collect();
-            ranks.sort();
-            match ranks.len() {
-                0 => println!(
-                    "lab {}: the check did not finish{which}. Above, each rank's error: a rank that \
-                     waited past --timeout names the rank it waited for. Is that one still in your \
-                     code, waiting for a message no rank sends?",
-                    lab.number()
-                ),
-                1 => println!(
-                    "lab {}: your code failed on rank {}{which} (its error is above).",
-                    lab.number(),
-                    ranks[0]
-                ),
-                _ => println!(
-                    "lab {}: your code failed on ranks {}{which} (their errors are above).",
-                    lab.number(),
-                    ranks.join(", ")
-                ),
-            }
+            failed(lab, work, ranks, case, &inside);
             1
         }
         Ok(Ended::Interrupted) => {
             eprintln!("interrupted: the ranks were stopped");
             130
         }
+    }
+}
+
+/// The lab page's first hint, as the checker prints it.
+fn first_hint(lab: Lab) {
+    if let Some(hint) = lab.hints().first() {
+        println!(
+            "hint 1 (more on the lab's page, docs/src/{}): {hint}",
+            lab.page_path()
+        );
+    }
+}
+
+/// A job that failed: in which case, and whose code (the ranks whose error came out of the
+/// student's code; none: a rank waited past the timeout outside it, for one still inside).
+fn failed(lab: Lab, work: Work, ranks: usize, case: Option<usize>, inside: &[usize]) {
+    let which = match (work, case) {
+        (Work::Cases, Some(k)) if lab.is_collective() => {
+            let case = crate::cases::cases(lab, ranks)[k];
+            format!(" in {}", case.describe(lab))
+        }
+        (Work::Cases, _) => format!(" on {ranks} ranks"),
+        _ => String::new(),
+    };
+    let mut inside = inside.to_vec();
+    inside.sort();
+    let names: Vec<String> = inside.iter().map(usize::to_string).collect();
+    let n = lab.number();
+    match names.as_slice() {
+        [] => println!(
+            "lab {n}: the check did not finish{which}. Above, each rank's error: a rank that \
+             waited past --timeout names the rank it waited for. Is that one still in your code, \
+             waiting for a message no rank sends?"
+        ),
+        [one] => println!("lab {n}: your code failed on rank {one}{which} (its error is above)."),
+        many => println!(
+            "lab {n}: your code failed on ranks {}{which} (their errors are above).",
+            many.join(", ")
+        ),
     }
 }
 
