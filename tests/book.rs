@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use test_support::backend::{self, Kind};
 use test_support::book::{chapters, src};
-use test_support::build::{example, the_one_build};
+use test_support::build::{binary, example, package_example, the_one_build};
 use test_support::process::{self, Plainly, Tag};
 use test_support::torch;
 
@@ -129,27 +129,32 @@ fn as_in_the_book() -> &'static AsInTheBook {
     })
 }
 
-/// Runs `cargo run [--release] --example NAME [-- ARGS]` with the debug example binary (the
-/// output is the same but for timings, which are normalized), on the CPU as in the book.
-/// Returns stdout and stderr. A `torchrun …` command runs as [`run_torchrun`] does.
+/// Runs `cargo run [--release] [-p PACKAGE] --example NAME [-- ARGS]` with the debug example
+/// binary (the output is the same but for timings, which are normalized), on the CPU as in the
+/// book. Returns stdout and stderr. A `torchrun …` command runs as [`run_torchrun`] does, a
+/// `cargo lab …` as [`run_lab`].
 fn run(command: &str) -> Option<String> {
     if command.starts_with("torchrun ") {
         return run_torchrun(command);
+    }
+    if let Some(args) = command.strip_prefix("cargo lab ") {
+        return Some(run_lab(args));
     }
     let words: Vec<&str> = command.split_whitespace().collect();
     let (cargo, args) =
         words.split_at(words.iter().position(|w| *w == "--").unwrap_or(words.len()));
     let args = args.get(1..).unwrap_or(&[]);
-    let name = match cargo {
+    let program = match cargo {
         ["cargo", "run", "--example", name] | ["cargo", "run", "--release", "--example", name] => {
-            name
+            example(name)
         }
+        ["cargo", "run", "-p", package, "--example", name] => package_example(package, name),
         _ => {
-            panic!("cannot run `{command}`: only `cargo run [--release] --example NAME [-- ARGS]` or `torchrun …`")
+            panic!("cannot run `{command}`: only `cargo run [--release] [-p PACKAGE] --example NAME [-- ARGS]`, `cargo lab ARGS` or `torchrun …`")
         }
     };
     let book = as_in_the_book();
-    let output = Command::new(example(name))
+    let output = Command::new(program)
         .args(args)
         .plainly()
         .envs(book.envs.iter().copied())
@@ -162,6 +167,22 @@ fn run(command: &str) -> Option<String> {
         "`{command}` failed:\n{stdout}\n{stderr}"
     );
     Some(format!("{stdout}{stderr}").replace(&book.cpu_reason, BOOK_CPU_REASON))
+}
+
+/// Runs `cargo lab ARGS` (the alias of `.cargo/config.toml`: the labs' checker, `lab ARGS`) with
+/// the debug binary, on the CPU as in the book. A lab's page shows wrong and unwritten labs too:
+/// the output is held whatever the exit status (crates/labs/tests/labs.rs holds the statuses).
+fn run_lab(args: &str) -> String {
+    let book = as_in_the_book();
+    let output = Command::new(binary("labs", "lab"))
+        .args(args.split_whitespace())
+        .plainly()
+        .envs(book.envs.iter().copied())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    format!("{stdout}{stderr}").replace(&book.cpu_reason, BOOK_CPU_REASON)
 }
 
 /// Runs a `torchrun …` command as written, after the one build command (its program is
@@ -190,7 +211,8 @@ fn per_rank(line: &str) -> bool {
         })
 }
 
-/// Decimal numbers (timings, bandwidths) become `#.#`.
+/// Decimal numbers (timings, bandwidths) become `#.#`, a minus sign before one included (a fit's
+/// latency may come out either side of zero).
 fn numbers(line: &str) -> String {
     let chars: Vec<char> = line.chars().collect();
     let mut out = String::new();
@@ -205,6 +227,9 @@ fn numbers(line: &str) -> String {
         if chars[i].is_ascii_digit() && (i == 0 || !chars[i - 1].is_alphanumeric()) {
             let j = digits(i);
             if j + 1 < chars.len() && chars[j] == '.' && chars[j + 1].is_ascii_digit() {
+                if i > 0 && chars[i - 1] == '-' {
+                    out.pop();
+                }
                 out.push_str("#.#");
                 i = digits(j + 1);
                 continue;

@@ -8,7 +8,8 @@ use std::process::Command;
 use test_support::build::{binary, example, package_example};
 use test_support::process::Plainly;
 
-/// Every program the book runs: the examples, comm-core's two diagnostics, comm-bench, commrun.
+/// Every program the book runs: the examples, comm-core's two diagnostics, comm-bench, commrun,
+/// the labs' checker and example.
 fn programs() -> Vec<(&'static str, PathBuf)> {
     let mut all: Vec<(&str, PathBuf)> = [
         "00-hello-world",
@@ -26,6 +27,9 @@ fn programs() -> Vec<(&'static str, PathBuf)> {
     }
     all.push(("comm-bench", binary("comm-bench", "comm-bench")));
     all.push(("commrun", binary("commrun", "commrun")));
+    // The labs' checker (`cargo lab`), and the labs' example of a program of one's own.
+    all.push(("lab", binary("labs", "lab")));
+    all.push(("your-program", package_example("labs", "your-program")));
     all
 }
 

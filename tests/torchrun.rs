@@ -542,8 +542,12 @@ const SETUP: [&str; 4] = [
 fn the_docs_show_exactly_the_commands_run_here() {
     // torchrun on a node of the cluster in a box is run by tests/cluster.rs, as its chapter shows.
     let on_the_box = |c: &str| c.contains("scripts/cluster.sh exec node");
-    // The course's Python twins (python/00_… to 05_…) are run by tests/python_twins.rs.
-    let a_twin = |c: &str| c.split_whitespace().any(|w| w.starts_with("python/0"));
+    // The course's Python twins (python/00_… to 05_…) are run by tests/python_twins.rs, the
+    // labs' (python/labs/) by crates/labs/tests/python.rs.
+    let a_twin = |c: &str| {
+        c.split_whitespace()
+            .any(|w| w.starts_with("python/0") || w.starts_with("python/labs/"))
+    };
     let shown: Vec<(String, String)> = torchrun_lines_in_docs()
         .into_iter()
         .filter(|(_, c)| !SETUP.contains(&c.as_str()) && !on_the_box(c) && !a_twin(c))

@@ -6,114 +6,21 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::CudaSlice;
-
 use crate::backend::cpu::{algorithms, Algo, Transport};
-use crate::backend::nccl::{GroupSafe, NcclBackend};
+use crate::backend::nccl::NcclBackend;
 use crate::backend::{BackendKind, Device};
 use crate::collective::{Call, Collective};
-use crate::dtype::{Element, ReduceOp};
+use crate::dtype::{reduce_into, Element, ReduceOp};
 use crate::error::{CommError, Result};
 use crate::steps;
 use crate::store::Store;
 use crate::trace::Span;
 
-/// Elements on the communicator's device: host memory for the CPU backend, GPU memory for NCCL.
-#[derive(Debug)]
-pub struct Buffer<T: Element> {
-    repr: Repr<T>,
-}
-
-#[derive(Debug)]
-enum Repr<T: Element> {
-    Host(Vec<T>),
-    /// Never freed inside an open NCCL group, whose kernels only run at its end.
-    Device(GroupSafe<T>),
-}
-
-impl<T: Element> Buffer<T> {
-    /// Number of elements (not bytes).
-    pub fn len(&self) -> usize {
-        match &self.repr {
-            Repr::Host(v) => v.len(),
-            Repr::Device(d) => d.len(),
-        }
-    }
-
-    /// Whether it holds no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// A rank's buffers for one call: one buffer in place, a send and a receive buffer out of place.
-#[derive(Debug)]
-pub enum Buffers<T: Element> {
-    /// The result overwrites the input.
-    InPlace(Buffer<T>),
-    /// Separate buffers, as NCCL's out-of-place calls take them.
-    OutOfPlace {
-        /// Read by the call.
-        send: Buffer<T>,
-        /// Written by the call.
-        recv: Buffer<T>,
-    },
-}
-
-impl<T: Element> Buffers<T> {
-    /// The send buffer (none in place) and the receive buffer, as [`Communicator::collective`](Communicator::collective)
-    /// takes them.
-    pub fn parts(&mut self) -> (Option<&Buffer<T>>, &mut Buffer<T>) {
-        match self {
-            Buffers::InPlace(buf) => (None, buf),
-            Buffers::OutOfPlace { send, recv } => (Some(send), recv),
-        }
-    }
-}
-
-fn wrong_kind() -> CommError {
-    CommError::Usage("this buffer belongs to a communicator of another backend".into())
-}
-
-/// A copy between buffers of different lengths is refused, naming both.
-fn same_length<T: Element>(what: &str, a: &Buffer<T>, b: &Buffer<T>) -> Result<()> {
-    if a.len() == b.len() {
-        return Ok(());
-    }
-    Err(CommError::Usage(format!(
-        "{what}: a buffer of {} elements and one of {}: they must be as long",
-        a.len(),
-        b.len()
-    )))
-}
-
-fn host<T: Element>(buf: &Buffer<T>) -> Result<&[T]> {
-    match &buf.repr {
-        Repr::Host(v) => Ok(v),
-        Repr::Device(_) => Err(wrong_kind()),
-    }
-}
-
-fn host_mut<T: Element>(buf: &mut Buffer<T>) -> Result<&mut [T]> {
-    match &mut buf.repr {
-        Repr::Host(v) => Ok(v),
-        Repr::Device(_) => Err(wrong_kind()),
-    }
-}
-
-fn device<T: Element>(buf: &Buffer<T>) -> Result<&CudaSlice<T>> {
-    match &buf.repr {
-        Repr::Device(d) => Ok(&**d),
-        Repr::Host(_) => Err(wrong_kind()),
-    }
-}
-
-fn device_mut<T: Element>(buf: &mut Buffer<T>) -> Result<&mut CudaSlice<T>> {
-    match &mut buf.repr {
-        Repr::Device(d) => Ok(&mut **d),
-        Repr::Host(_) => Err(wrong_kind()),
-    }
-}
+mod buffer;
+mod part;
+use buffer::{host, host_mut, same_length, wrong_kind, Repr};
+pub use buffer::{Buffer, Buffers};
+pub use part::{Part, PartMut};
 
 enum Engine {
     /// Host memory: the algorithms run over the transport.
@@ -336,7 +243,7 @@ impl Communicator {
                     Ok(())
                 }
                 (Engine::Nccl(nccl), Repr::Device(from), Repr::Host(to)) => {
-                    nccl.download_into(from, to)
+                    nccl.download_into(&**from, to)
                 }
                 _ => Err(wrong_kind()),
             }
@@ -358,7 +265,7 @@ impl Communicator {
                     to.copy_from_slice(from);
                     Ok(())
                 }
-                (Engine::Nccl(nccl), Repr::Device(to)) => nccl.upload_into(from, to),
+                (Engine::Nccl(nccl), Repr::Device(to)) => nccl.upload_into(from, &mut **to),
                 _ => Err(wrong_kind()),
             }
         })
@@ -456,13 +363,23 @@ impl Communicator {
         send: Option<&Buffer<T>>,
         recv: &mut Buffer<T>,
     ) -> Result<()> {
+        self.collective_on_parts(call, send.map(Part::from), recv.into())
+    }
+
+    /// [`collective`](Self::collective) on parts of buffers (send_recv's blocks).
+    fn collective_on_parts<T: Element>(
+        &self,
+        call: Call,
+        send: Option<Part<'_, T>>,
+        mut recv: PartMut<'_, T>,
+    ) -> Result<()> {
         let placement = if send.is_some() {
             "out-of-place"
         } else {
             "in-place"
         };
         let checked = call.check(
-            send.map(Buffer::len),
+            send.as_ref().map(Part::len),
             recv.len(),
             self.rank,
             self.world_size,
@@ -477,20 +394,20 @@ impl Communicator {
         let _span = Span::slice("call", call.collective.name())
             .with_args(args)
             .with_range(|| format!("{} {placement} {} x {len}", call.collective, T::DTYPE));
-        self.run_checked(&checked, send, recv)
+        self.run_checked(&checked, send, &mut recv)
     }
 
     /// Runs a checked call on this rank's backend.
     fn run_checked<T: Element>(
         &self,
         checked: &crate::collective::Checked,
-        send: Option<&Buffer<T>>,
-        recv: &mut Buffer<T>,
+        send: Option<Part<'_, T>>,
+        recv: &mut PartMut<'_, T>,
     ) -> Result<()> {
         match &self.engine {
             Engine::Cpu(t) => {
-                let send = send.map(host).transpose()?;
-                let recv = host_mut(recv)?;
+                let send = send.as_ref().map(Part::host).transpose()?;
+                let recv = recv.host()?;
                 let algo = self.algo;
                 let mut run = move || algorithms::run(t.as_ref(), checked, send, recv, algo);
                 match self.step_grids::<T>() {
@@ -505,7 +422,8 @@ impl Communicator {
                         checked.call.collective
                     );
                 }
-                nccl.collective(checked, send.map(device).transpose()?, device_mut(recv)?)
+                let send = send.as_ref().map(Part::device).transpose()?;
+                nccl.collective(checked, send, recv.device()?)
             }
         }
     }
@@ -526,6 +444,16 @@ impl Communicator {
             let scope = scope.scoped(&step.replace(step.get() + 1).to_string());
             crate::grid::share(&scope, rank, world_size, title, row)
         }))
+    }
+
+    /// The end of a step of an algorithm of your own: with `--steps`, rank 0 prints every rank's
+    /// `buf` as the course's grid under `title`, as the library's algorithms show theirs; without
+    /// `--steps`, nothing happens. Every rank must call it at the same steps.
+    pub fn show_step<T: Element>(&self, title: &str, buf: &Buffer<T>) -> Result<()> {
+        let Some(show) = self.step_grids::<T>() else {
+            return Ok(());
+        };
+        show(title, bytemuck::cast_slice(&self.to_host(buf)?))
     }
 
     /// Copies the root's buffer to every rank.
@@ -617,18 +545,24 @@ impl Communicator {
     /// Sends `send` to `to` while receiving `recv` from `from`, both at once: the ring step, and
     /// nccl-tests' sendrecv. On NCCL one group (ncclGroupStart, ncclSend, ncclRecv, ncclGroupEnd),
     /// so a ring of ranks that all send first cannot deadlock.
-    pub fn send_recv<T: Element>(
+    ///
+    /// Either side may be a whole buffer (`&buf`, `&mut buf`) or a part of one
+    /// ([`Buffer::part`], [`Buffer::part_mut`], [`Buffer::parts`]): a block sent and received
+    /// where it lies, with no copy. The two sides may differ in length (a ring's blocks of a
+    /// buffer that does not split evenly): `from` must send as many elements as `recv` holds.
+    pub fn send_recv<'a, 'b, T: Element>(
         &self,
-        send: &Buffer<T>,
+        send: impl Into<Part<'a, T>>,
         to: usize,
-        recv: &mut Buffer<T>,
+        recv: impl Into<PartMut<'b, T>>,
         from: usize,
     ) -> Result<()> {
-        self.collective(
-            Call::new(Collective::SendRecv).peers(to, from),
-            Some(send),
-            recv,
-        )
+        let (send, recv) = (send.into(), recv.into());
+        if send.len() != recv.len() {
+            return self.exchange(send, to, recv, from);
+        }
+        let call = Call::new(Collective::SendRecv).peers(to, from);
+        self.collective_on_parts(call, Some(send), recv)
     }
 
     /// `send` and `recv` hold world_size blocks each: block `j` of this rank's `send` lands in
@@ -638,24 +572,109 @@ impl Communicator {
         self.collective(Call::new(Collective::AllToAll), Some(send), recv)
     }
 
-    /// Sends `buf` to `peer`, which must call `recv` with a buffer of the same length: one
-    /// message, not a collective.
-    pub fn send<T: Element>(&self, buf: &Buffer<T>, peer: usize) -> Result<()> {
+    /// Sends `buf` to `peer`, which must call `recv` with as many elements: one message, not a
+    /// collective. `buf` is a whole buffer (`&buf`) or a part of one ([`Buffer::part`]), sent
+    /// where it lies.
+    pub fn send<'a, T: Element>(&self, buf: impl Into<Part<'a, T>>, peer: usize) -> Result<()> {
+        let buf = buf.into();
         let _span = Span::range(|| format!("send {} x {}", T::DTYPE, buf.len()));
         crate::collective::another_rank("send", peer, self.rank, self.world_size)?;
         match &self.engine {
-            Engine::Cpu(t) => t.send(peer, bytemuck::cast_slice(host(buf)?)),
-            Engine::Nccl(nccl) => nccl.send(device(buf)?, peer),
+            Engine::Cpu(t) => t.send(peer, bytemuck::cast_slice(buf.host()?)),
+            Engine::Nccl(nccl) => nccl.send(buf.device()?, peer),
         }
     }
 
-    /// Receives into `buf` what `peer` sends with [`send`](Self::send); the lengths must match.
-    pub fn recv<T: Element>(&self, buf: &mut Buffer<T>, peer: usize) -> Result<()> {
+    /// Receives into `buf` (`&mut buf`, or a part: [`Buffer::part_mut`]) what `peer` sends with
+    /// [`send`](Self::send); the lengths must match.
+    pub fn recv<'a, T: Element>(&self, buf: impl Into<PartMut<'a, T>>, peer: usize) -> Result<()> {
+        let mut buf = buf.into();
         let _span = Span::range(|| format!("recv {} x {}", T::DTYPE, buf.len()));
         crate::collective::another_rank("recv", peer, self.rank, self.world_size)?;
         match &self.engine {
-            Engine::Cpu(t) => t.recv(peer, bytemuck::cast_slice_mut(host_mut(buf)?)),
-            Engine::Nccl(nccl) => nccl.recv(device_mut(buf)?, peer),
+            Engine::Cpu(t) => t.recv(peer, bytemuck::cast_slice_mut(buf.host()?)),
+            Engine::Nccl(nccl) => nccl.recv(buf.device()?, peer),
+        }
+    }
+
+    /// [`send_recv`](Communicator::send_recv) of two parts of different lengths, which the
+    /// collective table's sendrecv (nccl-tests' equal counts) does not describe: on the CPU the
+    /// transport's exchange, on NCCL one group of `ncclSend` and `ncclRecv`.
+    fn exchange<T: Element>(
+        &self,
+        send: Part<'_, T>,
+        to: usize,
+        mut recv: PartMut<'_, T>,
+        from: usize,
+    ) -> Result<()> {
+        for peer in [to, from] {
+            crate::collective::another_rank("send_recv", peer, self.rank, self.world_size)?;
+        }
+        match &self.engine {
+            Engine::Cpu(t) => t.send_recv(
+                to,
+                bytemuck::cast_slice(send.host()?),
+                from,
+                bytemuck::cast_slice_mut(recv.host()?),
+            ),
+            Engine::Nccl(nccl) => nccl.group(|| {
+                nccl.send(send.device()?, to)?;
+                nccl.recv(recv.device()?, from)
+            }),
+        }
+    }
+
+    /// `into[i] = into[i] op from[i]` on this rank, no message sent: the add of a ring's
+    /// reduce-scatter step, after the block has arrived. Both parts are as long. On the CPU
+    /// backend it runs on the host memory where they lie; on NCCL, which gives this library no
+    /// kernels of its own, the two parts go through host memory and back (PyTorch would launch
+    /// an add kernel on the GPU).
+    pub fn reduce_local<'a, 'b, T: Element>(
+        &self,
+        into: impl Into<PartMut<'a, T>>,
+        from: impl Into<Part<'b, T>>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (mut into, from) = (into.into(), from.into());
+        same_part_length("reduce_local", into.len(), from.len())?;
+        match &self.engine {
+            Engine::Cpu(_) => {
+                reduce_into(op, into.host()?, from.host()?);
+                Ok(())
+            }
+            Engine::Nccl(nccl) => {
+                let (mut acc, mut other) = (
+                    vec![T::default(); into.len()],
+                    vec![T::default(); from.len()],
+                );
+                nccl.download_into(into.device()?, &mut acc)?;
+                nccl.download_into(from.device()?, &mut other)?;
+                reduce_into(op, &mut acc, &other);
+                nccl.upload_into(&acc, into.device()?)
+            }
+        }
+    }
+
+    /// Copies `from` into `into` on this rank, no message sent (both as long): how an
+    /// out-of-place collective first puts its own block where the result wants it. On NCCL the
+    /// elements go through host memory.
+    pub fn copy_local<'a, 'b, T: Element>(
+        &self,
+        from: impl Into<Part<'a, T>>,
+        into: impl Into<PartMut<'b, T>>,
+    ) -> Result<()> {
+        let (from, mut into) = (from.into(), into.into());
+        same_part_length("copy_local", into.len(), from.len())?;
+        match &self.engine {
+            Engine::Cpu(_) => {
+                into.host()?.copy_from_slice(from.host()?);
+                Ok(())
+            }
+            Engine::Nccl(nccl) => {
+                let mut values = vec![T::default(); from.len()];
+                nccl.download_into(from.device()?, &mut values)?;
+                nccl.upload_into(&values, into.device()?)
+            }
         }
     }
 
@@ -684,5 +703,15 @@ struct PhaseAfterCall;
 impl Drop for PhaseAfterCall {
     fn drop(&mut self) {
         crate::phase::enter(crate::phase::Phase::Working);
+    }
+}
+
+/// Two parts of as many elements, or a usage error for `what` naming both lengths.
+fn same_part_length(what: &str, a: usize, b: usize) -> Result<()> {
+    match a == b {
+        true => Ok(()),
+        false => Err(CommError::Usage(format!(
+            "{what}: a part of {a} elements and one of {b}: they must be as long"
+        ))),
     }
 }

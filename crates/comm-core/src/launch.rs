@@ -14,7 +14,7 @@ use crate::comm::Communicator;
 use crate::error::{CommError, Result};
 use crate::job::Job;
 use crate::settings::{LaunchArgs, Settings};
-use crate::spawn::{self, Outcome, SpawnPlan};
+use crate::spawn::{self, Extras, Outcome, SpawnPlan};
 use crate::topology::Topology;
 
 /// Ranks started on a machine without GPUs when `-n` is not given.
@@ -200,6 +200,16 @@ pub fn end_on_closed_output() {
 /// Refused before any rank starts: a rank count of 0 or one too large, a backend that cannot
 /// run, a `--master-addr` not of this machine or a busy `--master-port`.
 pub fn start_ranks(settings: &Settings, extra_args: &[OsString]) -> Result<Outcome> {
+    start_ranks_with(settings, extra_args, &Extras::default())
+}
+
+/// [`start_ranks`], with where each rank's output goes and more variables ([`Extras`]): a
+/// program that reads its ranks' output before showing it (the labs' checker).
+pub fn start_ranks_with(
+    settings: &Settings,
+    extra_args: &[OsString],
+    extras: &Extras,
+) -> Result<Outcome> {
     if let Some(n) = settings.ranks.filter(|&n| n > 0) {
         // Before looking for GPUs: an absurd count is refused at once.
         spawn::check_ranks("-n/--nproc-per-node", n, 1)?;
@@ -222,7 +232,7 @@ pub fn start_ranks(settings: &Settings, extra_args: &[OsString]) -> Result<Outco
     let mut plan = SpawnPlan::local(program, args, nproc)?;
     plan.master_addr = master_addr;
     plan.master_port = master_port.unwrap_or(plan.master_port);
-    spawn::run(&plan)
+    spawn::run_with(&plan, extras)
 }
 
 /// A usage error found before any rank starts: said on stderr, exit code 2.

@@ -28,7 +28,6 @@ pub mod launch;
 pub mod memory;
 pub mod named;
 pub mod phase;
-pub mod ring_lesson;
 pub mod settings;
 pub mod spawn;
 pub mod steps;

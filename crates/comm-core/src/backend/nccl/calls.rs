@@ -6,7 +6,9 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError,
+};
 use cudarc::nccl::{result, sys};
 
 use super::batch::{Batching, Wait};
@@ -339,7 +341,7 @@ impl NcclBackend {
     }
 
     /// [`download`](Self::download) into host memory the caller keeps (as many elements).
-    pub fn download_into<T: Element>(&self, buf: &CudaSlice<T>, host: &mut [T]) -> Result<()> {
+    pub fn download_into<T: Element>(&self, buf: &impl DevicePtr<T>, host: &mut [T]) -> Result<()> {
         let live = self.live.get();
         let wait = self.batching(|b| before_download(live, in_group(), b))?;
         let watched = self
@@ -357,7 +359,11 @@ impl NcclBackend {
     /// group (of any communicator, this thread's): the copy would run before the group's calls,
     /// which are enqueued only at its end, even those called before it
     /// ([`Batching::copy_into`]); and after an abort. Under the watchdog.
-    pub fn upload_into<T: Element>(&self, values: &[T], buf: &mut CudaSlice<T>) -> Result<()> {
+    pub fn upload_into<T: Element>(
+        &self,
+        values: &[T],
+        buf: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
         self.check_usable()?;
         self.batching.get().copy_into(in_group())?;
         let _watched = self.watchdog.arm("a copy to the GPU");
@@ -427,7 +433,7 @@ impl NcclBackend {
         let token = token.as_mut().expect("made above");
         let checked =
             Call::new(Collective::AllReduce).check(None, 1, self.rank, self.world_size)?;
-        self.collective(&checked, None, token)
+        self.collective(&checked, None::<&CudaSlice<i32>>, &mut **token)
     }
 
     /// Timing events on this rank's stream (`events`): how a stopwatch reads the GPU's clock.

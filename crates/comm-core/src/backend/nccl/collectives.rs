@@ -7,7 +7,7 @@
 //! [`Call::check`]: crate::collective::Call::check
 //! [`Counts`]: crate::collective::Counts
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result, sys};
 
 use super::calls::NcclBackend;
@@ -170,8 +170,8 @@ impl NcclBackend {
     pub(crate) fn collective<T: Element>(
         &self,
         checked: &Checked,
-        send: Option<&CudaSlice<T>>,
-        recv: &mut CudaSlice<T>,
+        send: Option<&impl DevicePtr<T>>,
+        recv: &mut impl DevicePtrMut<T>,
     ) -> Result<()> {
         if !checked.fits(send.map(|b| b.len()), recv.len(), self.world_size) {
             return Err(CommError::Usage(format!(
@@ -212,22 +212,28 @@ impl NcclBackend {
     }
 
     /// Sends `buf` to `peer`, which must receive as many elements: one message, on its own.
-    pub(crate) fn send<T: Element>(&self, buf: &CudaSlice<T>, peer: usize) -> Result<()> {
+    pub(crate) fn send<T: Element>(&self, buf: &impl DevicePtr<T>, peer: usize) -> Result<()> {
         let (s, _s) = buf.device_ptr(&self.stream);
         let (count, dtype) = (buf.len(), data_type(T::DTYPE));
-        // SAFETY: NCCL reads `count` elements of T from a live buffer of that many, kept alive by
-        // `_s` until the call is enqueued; enqueue hands over a live communicator.
+        // SAFETY: NCCL reads `count` elements of T from a live buffer (or a part of one, checked
+        // to lie inside it) of that many, kept alive by `_s` until the call is enqueued; enqueue
+        // hands over a live communicator.
         self.enqueue("ncclSend", |comm, stream| unsafe {
             result::send(s as _, count, dtype, peer as i32, comm, stream)
         })
     }
 
     /// Receives `buf.len()` elements from `peer`.
-    pub(crate) fn recv<T: Element>(&self, buf: &mut CudaSlice<T>, peer: usize) -> Result<()> {
+    pub(crate) fn recv<T: Element>(
+        &self,
+        buf: &mut impl DevicePtrMut<T>,
+        peer: usize,
+    ) -> Result<()> {
         let (count, dtype) = (buf.len(), data_type(T::DTYPE));
         let (r, _r) = buf.device_ptr_mut(&self.stream);
-        // SAFETY: NCCL writes `count` elements of T into a live buffer of that many, kept alive
-        // by `_r` until the call is enqueued; enqueue hands over a live communicator.
+        // SAFETY: NCCL writes `count` elements of T into a live buffer (or a part of one) of that
+        // many, kept alive by `_r` until the call is enqueued; enqueue hands over a live
+        // communicator.
         self.enqueue("ncclRecv", |comm, stream| unsafe {
             result::recv(r as _, count, dtype, peer as i32, comm, stream)
         })
