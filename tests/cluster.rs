@@ -240,7 +240,7 @@ fn seed_000(bin: &Path) {
         "{rank0}"
     );
     assert!(
-        rank0.contains("Rank 0 (Gloo): all-reduce 100 MB took "),
+        rank0.contains("Rank 0 (CPU, Gloo-style over tcp): all-reduce 100 MB took "),
         "{rank0}"
     );
 }

@@ -377,7 +377,7 @@ fn reduce_scatter_exercise(commands: &[String]) -> Result<(), String> {
 fn gloo_vs_nccl_exercise(commands: &[String]) -> Result<(), String> {
     let outs = run_all(commands)?;
     let took = |out: &str| -> f64 {
-        let line = title(out, "Rank 0 (Gloo): all-reduce 8 MB took ");
+        let line = title(out, "Rank 0 (CPU, Gloo-style over ");
         let ms = line.split(" took ").nth(1).unwrap();
         ms.split_whitespace().next().unwrap().parse().unwrap()
     };
