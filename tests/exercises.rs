@@ -16,6 +16,7 @@ use test_support::book::{chapters, src};
 use test_support::build::the_one_build;
 use test_support::grid::{expect_cells, grid};
 use test_support::process::{self, Plainly};
+use test_support::torch;
 
 /// Every lesson chapter: each must end with an exercise and its answer.
 const LESSONS: &[&str] = &[
@@ -137,6 +138,72 @@ fn workdir() -> PathBuf {
     dir
 }
 
+/// The bullets (`- …`, continuation lines joined) of `text` up to its first heading.
+fn bullets(text: &str) -> usize {
+    text.split("\n#")
+        .next()
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("- "))
+        .count()
+}
+
+/// A lesson's words, outputs included: what has a letter or a digit, HTML comments left out.
+fn words(text: &str) -> usize {
+    let mut plain = String::new();
+    let mut rest = text;
+    while let Some((before, after)) = rest.split_once("<!--") {
+        plain.push_str(before);
+        rest = after.split_once("-->").map_or("", |(_, a)| a);
+    }
+    plain.push_str(rest);
+    plain
+        .split_whitespace()
+        .filter(|w| w.chars().any(|c| c.is_alphanumeric()))
+        .count()
+}
+
+/// The most words a lesson may have, outputs included (the book's promise is about 1,500).
+const MOST_WORDS: usize = 1_800;
+
+/// Every lesson opens with three objectives, and closes with three key points just before its
+/// exercise; it fits in about 1,500 words, outputs included.
+#[test]
+fn every_lesson_opens_with_objectives_and_closes_with_key_points() {
+    let mut wrong = Vec::new();
+    for chapter in LESSONS {
+        let text = std::fs::read_to_string(src().join(chapter)).unwrap();
+        let after_title = text.split_once('\n').map_or("", |(_, r)| r).trim_start();
+        // The objectives: the bullets after the mark, up to the first blank line after them.
+        let objectives = after_title
+            .strip_prefix("**Objectives**\n")
+            .map(|o| bullets(o.trim_start().split("\n\n").next().unwrap()));
+        if objectives != Some(3) {
+            wrong.push(format!(
+                "{chapter}: does not open with **Objectives** and three bullets"
+            ));
+        }
+        let key = text
+            .split_once("\n## Key points\n")
+            .map(|(_, r)| r.split_once("\n## ").map_or(r, |(k, _)| k));
+        let next = text
+            .split_once("\n## Key points\n")
+            .and_then(|(_, r)| r.split_once("\n## "))
+            .map(|(_, n)| n.lines().next().unwrap_or(""));
+        if key.map(bullets) != Some(3) || next != Some("Exercise") {
+            wrong.push(format!(
+                "{chapter}: no `## Key points` of three bullets just before `## Exercise`"
+            ));
+        }
+        let n = words(&text);
+        if n > MOST_WORDS {
+            wrong.push(format!("{chapter}: {n} words, more than {MOST_WORDS}"));
+        }
+        println!("{chapter}: {n} words");
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 /// A command of an exercise as it will run: in `dir` (see [`workdir`]), on the CPU as the book
 /// shows it (GPUs hidden), every `target/release/NAME` (the program's, or an argument naming a
 /// program for a launcher to start) being the build's, and a relative path to a file of the
@@ -172,9 +239,24 @@ fn command_of(command: &str, dir: &Path) -> Command {
 }
 
 /// A command of an exercise, run in `dir` as [`command_of`] prepares it. Returns whether it
-/// succeeded, and stdout then stderr.
+/// succeeded, and stdout then stderr. `source …/activate` is torch's environment, which a
+/// `torchrun …` line gets here (from the repository root, where the course's scripts are);
+/// without torch that line is skipped, saying so, and its output is empty.
 fn run(command: &str, dir: &Path) -> (bool, String) {
-    let done = process::start(&mut command_of(command, dir)).finish(Duration::from_secs(60));
+    if command.starts_with("source ") && command.ends_with("/bin/activate\"") {
+        return (true, String::new());
+    }
+    let mut prepared = if command.starts_with("torchrun ") {
+        let Some(torch) = torch::or_skip(&format!("the exercise's `{command}`")) else {
+            return (true, String::new());
+        };
+        let mut c = torch.as_written(command, &the_one_build());
+        c.plainly().env("CUDA_VISIBLE_DEVICES", "");
+        c
+    } else {
+        command_of(command, dir)
+    };
+    let done = process::start(&mut prepared).finish(Duration::from_secs(60));
     (
         done.status.success(),
         format!("{}{}", done.stdout, done.stderr),
@@ -409,19 +491,42 @@ fn reduce_scatter_exercise(commands: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// The check of 03-gloo-vs-nccl.md's exercise.
+/// The check of 03-gloo-vs-nccl.md's exercise: our CPU path over TCP and over shared memory,
+/// PyTorch's Gloo (where torch is), each with a time, side by side (which is faster is not
+/// asserted); and NCCL's model for 8 MB on two Leonardo nodes of one A100: the ring with Simple,
+/// under a millisecond, as the answer says.
 fn gloo_vs_nccl_exercise(commands: &[String]) -> Result<(), String> {
     let outs = run_all(commands)?;
-    let took = |out: &str| -> f64 {
-        let line = title(out, "Rank 0 (CPU, Gloo-style over ");
+    let took = |out: &str, start: &str| -> f64 {
+        let line = title(out, start);
         let ms = line.split(" took ").nth(1).unwrap();
         ms.split_whitespace().next().unwrap().parse().unwrap()
     };
-    assert!(outs[0].contains("\ntransport: shm "), "{}", outs[0]);
-    assert!(outs[1].contains("\ntransport: tcp "), "{}", outs[1]);
-    let (shm, tcp) = (took(&outs[0]), took(&outs[1]));
-    ensure(shm > 0.0 && tcp > 0.0, || "no time measured".into())?;
-    println!("03: shm {shm} ms, tcp {tcp} ms (not asserted)");
+    let tcp = took(
+        &outs[0],
+        "Rank 0 (CPU, Gloo-style over tcp): all-reduce 8 MB took ",
+    );
+    let shm = took(
+        &outs[1],
+        "Rank 0 (CPU, Gloo-style over shm): all-reduce 8 MB took ",
+    );
+    let gloo = match outs[3].is_empty() {
+        true => None,
+        false => Some(took(&outs[3], "Rank 0 (Gloo): all-reduce 8 MB took ")),
+    };
+    ensure(
+        tcp > 0.0 && shm > 0.0 && gloo.is_none_or(|g| g > 0.0),
+        || "no time measured".into(),
+    )?;
+    let row: Vec<&str> = outs[4]
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|c| c.len() == 10 && c[0] == "8000000")
+        .unwrap_or_else(|| panic!("no 8000000 row in:\n{}", outs[4]));
+    let predicted: f64 = row[5].parse().unwrap();
+    assert_eq!((row[8], row[9]), ("ring", "Simple"), "{row:?}");
+    assert!((500.0..1000.0).contains(&predicted), "{row:?}");
+    println!("03: tcp {tcp} ms, shm {shm} ms, Gloo {gloo:?} ms; NCCL predicted {predicted} us (not asserted)");
     Ok(())
 }
 
@@ -534,23 +639,27 @@ fn profiling_exercise(commands: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// The check of transports.md's exercise.
+/// The check of transports.md's exercise: the same all-reduce over TCP and over shared memory,
+/// no wrong element either way, each transport named; which is faster is printed, not asserted.
 fn transports_exercise(commands: &[String]) -> Result<(), String> {
-    let dir = workdir();
-    let (ok, out) = run(&commands[0], &dir);
-    assert!(ok, "{out}");
-    assert!(out.contains("two copies through its rings"), "{out}");
-    no_wrong(&bench_rows(&out))?;
-    let (ok, out) = run(&commands[1], &dir);
-    if ok {
-        assert!(out.contains("one copy for every message"), "{out}");
-        no_wrong(&bench_rows(&out))?;
-    } else {
-        // The answer says so: a host may refuse cross-memory attach.
-        assert!(
-            out.contains("cross-memory attach") || out.contains("ptrace"),
-            "--copy single failed without saying why:\n{out}"
-        );
+    let outs = run_all(commands)?;
+    assert!(
+        outs[0].contains("\ntransport: tcp (requested)\n"),
+        "{}",
+        outs[0]
+    );
+    assert!(
+        outs[1].contains("\ntransport: shm (shared memory between the 2 ranks of this host)\n"),
+        "{}",
+        outs[1]
+    );
+    let (tcp, shm) = (bench_rows(&outs[0]), bench_rows(&outs[1]));
+    no_wrong(&tcp)?;
+    no_wrong(&shm)?;
+    for size in [1 << 20, 16 << 20] {
+        let (t, m) = (time_at(&tcp, size), time_at(&shm, size));
+        ensure(t > 0.0 && m > 0.0, || format!("no time at {size} B"))?;
+        println!("transports.md: at {size} B tcp {t} us, shm {m} us (not asserted)");
     }
     Ok(())
 }

@@ -11,8 +11,9 @@ use crate::error::Result;
 // ANCHOR: ring_lesson
 /// Sums `data` over all ranks, in place, as a ring does: cut it into n blocks; n-1 steps of
 /// reduce-scatter (send one block to the next rank, add the block that arrives from the
-/// previous one), after which rank r holds the whole sum of block r+1; then n-1 steps of
-/// all-gather (pass the finished blocks on, keep the one that arrives).
+/// previous one), after which rank r holds the whole sum of block r; then n-1 steps of
+/// all-gather (pass the finished blocks on, keep the one that arrives). The blocks go where
+/// `--steps` shows the CPU backend's ring putting them.
 pub fn ring_all_reduce(comm: &Communicator, data: &mut [f32]) -> Result<()> {
     let (n, rank, len) = (comm.world_size(), comm.rank(), data.len());
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
@@ -31,16 +32,16 @@ pub fn ring_all_reduce(comm: &Communicator, data: &mut [f32]) -> Result<()> {
         Ok(arrived)
     };
     for s in 1..n {
-        // Reduce-scatter, step s: send block rank+1-s, add into block rank-s.
-        let arrived = step(data, rank + 1 + n - s, rank + n - s)?;
-        for (mine, theirs) in data[block(rank + n - s)].iter_mut().zip(arrived) {
+        // Reduce-scatter, step s: send block rank-s, add into block rank-s-1.
+        let arrived = step(data, rank + n - s, rank + 2 * n - s - 1)?;
+        for (mine, theirs) in data[block(rank + 2 * n - s - 1)].iter_mut().zip(arrived) {
             *mine += theirs;
         }
     }
     for s in 1..n {
-        // All-gather, step s: send the finished block rank+2-s, keep block rank+1-s.
-        let arrived = step(data, rank + 2 + n - s, rank + 1 + n - s)?;
-        data[block(rank + 1 + n - s)].copy_from_slice(&arrived);
+        // All-gather, step s: send the finished block rank+1-s, keep block rank-s.
+        let arrived = step(data, rank + 1 + n - s, rank + n - s)?;
+        data[block(rank + n - s)].copy_from_slice(&arrived);
     }
     Ok(())
 }
