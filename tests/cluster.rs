@@ -508,6 +508,7 @@ fn the_course_runs_across_a_cluster_in_a_box() {
     }
     nothing_left("down");
     std::fs::remove_dir_all(&dir).unwrap();
+    let _ = std::fs::remove_dir_all(box_dir());
     eprintln!(
         "the cluster in a box: {:.0} s",
         started.elapsed().as_secs_f64()
