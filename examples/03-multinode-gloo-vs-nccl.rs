@@ -87,7 +87,12 @@ fn gloo(cpu: &Communicator, gpu: Option<&Communicator>, args: &Args) -> Result<T
             cpu.all_reduce(&mut host, ReduceOp::Sum)
         })?,
     };
-    Ok(report("Gloo", cpu, args, timing.median(), host.len() * 4))
+    // The line says what ran: our CPU path, Gloo's way, over this transport; not Gloo itself.
+    let label = match cpu.transport() {
+        Some(t) if t != "none" => format!("CPU, Gloo-style over {t}"),
+        _ => "CPU, Gloo-style".to_string(),
+    };
+    Ok(report(&label, cpu, args, timing.median(), host.len() * 4))
 }
 // ANCHOR_END: gloo
 

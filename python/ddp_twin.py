@@ -69,8 +69,9 @@ def main():
         batches = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
     batches = batches.long().reshape(steps, b, c + 1)
 
-    # DDP broadcasts rank 0's weights at construction, buckets the gradients in reverse order
-    # (bucket_cap_mb as ours) and all-reduces each bucket during backward.
+    # DDP broadcasts rank 0's weights at construction, buckets the gradients (one bucket in the
+    # first step, then rebuilt in the order they became ready, bucket_cap_mb as ours) and
+    # all-reduces each bucket during backward.
     model = DDP(ByteMLP(cfg, floats(os.path.join(run, "init.bin"))),
                 bucket_cap_mb=cfg["bucket_bytes"] / 2**20)
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])

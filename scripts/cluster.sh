@@ -3,11 +3,14 @@
 # its own host name (node0, node1, ...) and address (10.0.0.1, 10.0.0.2, ...), joined by a switch
 # over links of a set speed, so that the course's multi-node commands run as written.
 #
-#   sudo scripts/cluster.sh up --nodes 2 [--rate 2gbit]   # make the nodes and their links
-#   sudo scripts/cluster.sh exec node1 CMD [ARG...]       # run CMD on node1 (cwd and env kept)
-#   sudo scripts/cluster.sh status                        # what exists
-#   sudo scripts/cluster.sh picture FILE.svg              # draw the nodes and links
-#   sudo scripts/cluster.sh down                          # remove everything, stop what runs there
+#   scripts/cluster.sh up --nodes 2 [--rate 2gbit]   # make the nodes and their links
+#   scripts/cluster.sh exec node1 CMD [ARG...]       # run CMD on node1 (cwd and env kept)
+#   scripts/cluster.sh status                        # what exists
+#   scripts/cluster.sh picture FILE.svg              # draw the nodes and links
+#   scripts/cluster.sh down                          # remove everything, stop what runs there
+#
+# It needs root. Run by a user, it starts itself again through sudo, keeping the environment
+# and PATH (a virtual environment's torchrun, for exec), so the same commands work for both.
 #
 # How it is built (Linux parts only, nothing installed):
 # - node K: network namespace nw-nodeK; interface eth0 at 10.0.0.(K+1)/24, MTU 9000; lo up.
@@ -22,12 +25,13 @@
 #   unshaped, so that sbatch, squeue and a browser of the nodes' ports work from here.
 # - state: /run/nccl-workshop-cluster (node count, rate); down removes it with the rest.
 #
-# Refused with a message and exit code 2: not root; no `ip`, `tc` or `unshare`; a cluster
+# Refused with a message and exit code 2: not root and no sudo; no `ip`, `tc` or `unshare`; a cluster
 # already up; 10.0.0.0/24 already used by this machine; a bad --nodes or --rate. A failed or
 # interrupted `up` (Ctrl-C) removes what it made. RATE is tc's: 100mbit, 1gbit, 2.5gbit, ...
 set -euo pipefail
 
 PROG=${0##*/}
+ARGS=("$@")
 STATE=/run/nccl-workshop-cluster
 SUBNET=10.0.0
 LOGIN_IP=$SUBNET.254
@@ -43,8 +47,11 @@ node_ns() { echo "nw-node$1"; }
 node_ip() { echo "$SUBNET.$(($1 + 1))"; }
 
 need_tools() {
-  [ "$(id -u)" -eq 0 ] ||
-    refuse "needs root to make network namespaces and links: run it with sudo (sudo $0 $*)"
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 ||
+      refuse "needs root to make network namespaces and links, and there is no sudo here: run it as root"
+    exec sudo -E env PATH="$PATH" bash "$0" "${ARGS[@]}"
+  fi
   local t
   for t in ip tc unshare nsenter; do
     command -v "$t" >/dev/null 2>&1 ||
@@ -164,7 +171,7 @@ cmd_up() {
   echo "$nodes" >"$STATE/nodes"
   trap - ERR INT TERM
   say "up: $nodes nodes (node0 = $(node_ip 0) ... node$((nodes - 1)) = $(node_ip $((nodes - 1)))), links of $rate; this machine is $LOGIN_IP"
-  say "run a command on a node: sudo $0 exec node0 hostname"
+  say "run a command on a node: $0 exec node0 hostname"
 }
 
 # The token bucket's size for RATE: 1 ms of it, at least 64 KiB (a few jumbo frames, and more than
@@ -195,7 +202,7 @@ cmd_exec() {
   need_tools exec
   local nodes
   nodes=$(nodes_up)
-  [ -n "$nodes" ] || refuse "no cluster is up: 'sudo $0 up --nodes 2' first"
+  [ -n "$nodes" ] || refuse "no cluster is up: '$0 up --nodes 2' first"
   [[ $node =~ ^node([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -lt "$nodes" ] ||
     refuse "no node '$node': the cluster has node0 to node$((nodes - 1))"
   local k=${BASH_REMATCH[1]}
@@ -231,7 +238,7 @@ cmd_picture() {
   [ $# -eq 1 ] || refuse "picture FILE.svg: where to draw it"
   local nodes rate
   nodes=$(nodes_up)
-  [ -n "$nodes" ] || refuse "no cluster is up: 'sudo $0 up --nodes 2' first"
+  [ -n "$nodes" ] || refuse "no cluster is up: '$0 up --nodes 2' first"
   rate=$(cat "$STATE/rate")
   draw "$nodes" "$rate" >"$1"
   say "wrote $1"

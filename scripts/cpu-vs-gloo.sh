@@ -107,6 +107,7 @@ PY
 for n in "${world_sizes[@]}"; do
   mapfile -t cases < <(awk -v n="$n" '$1 == n { print $3 ":" $4 }' "$work/ours" | sort -u)
   [ ${#cases[@]} -gt 0 ] || continue
+  echo "cpu-vs-gloo: Gloo, ${#cases[@]} cases on $n ranks" >&2
   "$PYTHON" "$work/gloo.py" "$n" "$ITERS" "$WARMUP" "$work/theirs-$n" "${cases[@]}"
   awk -v n="$n" '{ print n, $0 }' "$work/theirs-$n" >>"$work/theirs"
 done

@@ -6,7 +6,7 @@
 # files) lives under a directory chosen by the caller, so nothing global is
 # touched apart from installing the packages.
 #
-# Usage (as root):
+# Usage (as root; run by a user, it goes through sudo itself):
 #   scripts/local-slurm.sh install       # apt-get install slurm-wlm munge if missing
 #   scripts/local-slurm.sh start DIR     # start munged, slurmctld, slurmd x2 (node1, node2)
 #   source DIR/env.sh                    # exports SLURM_CONF (+ helpers) for clients
@@ -71,6 +71,7 @@
 set -euo pipefail
 
 PROG=${0##*/}
+ARGS=("$@")
 # In a cluster in a box the nodes are shaped like Leonardo's Booster unless told otherwise (the
 # course's sbatch scripts ask for its partition, QOS, GPUs and memory): 32 CPUs, 4 stand-in GPUs
 # and 494 GB per node, partition boost_usr_prod (24 h), QOS normal and boost_qos_dbg.
@@ -122,8 +123,13 @@ usage() {
     exit 2
 }
 
+# Root is needed (slurmd/slurmctld run with SlurmUser=root): run by a user, the script starts
+# itself again through sudo, keeping the environment (LOCAL_SLURM_*) and PATH.
 need_root() {
-    [[ $(id -u) -eq 0 ]] || die "must run as root (slurmd/slurmctld are run with SlurmUser=root)"
+    [[ $(id -u) -eq 0 ]] && return 0
+    command -v sudo >/dev/null 2>&1 ||
+        die "must run as root (slurmd/slurmctld are run with SlurmUser=root), and there is no sudo here: run it as root"
+    exec sudo -E env PATH="$PATH" bash "$0" "${ARGS[@]}"
 }
 
 # ---------------------------------------------------------------- install ---

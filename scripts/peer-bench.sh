@@ -98,6 +98,9 @@ plan_runs() {
     done
   done
   [ ${#plan[@]} -gt 0 ] || fail "every (size, world size) was skipped for memory: choose smaller SIZES or WORLD_SIZES"
+  # Said before the first run: with the default sizes (up to 1 GB) this takes minutes.
+  echo "$peer_script: ${#plan[@]} (world size, size) pairs, timed by comm-bench, then by the peer:" \
+    "minutes with sizes up to 1GB (more than 4 on a 2-core laptop); SIZES=\"1MB 10MB\" is quicker" >&2
 }
 
 # run_ours: one comm-bench run per planned pair, all collectives; lines "ranks size collective
@@ -109,8 +112,11 @@ run_ours() {
   list=$(IFS=,; echo "${collectives[*]}")
   # comm-bench's table goes to stderr; its CSV is read by column name (a quoted field may hold
   # commas: the machine's name).
+  local k=0
   for p in "${plan[@]}"; do
     read -r n s b <<<"$p"
+    k=$((k + 1))
+    echo "$peer_script: ours, $s on $n ranks ($k of ${#plan[@]})" >&2
     csv="$work/ours-$n-$s.csv"
     "$BIN_DIR/comm-bench" --backend cpu --world-sizes "$n" -b "$b" -e "$b" --collectives "$list" \
       -n "$ITERS" -w "$WARMUP" -d float -z 3 --csv "$csv" ${transport[@]+"${transport[@]}"} >&2

@@ -150,8 +150,8 @@ fn bad_flags_are_refused_plainly() {
 
 /// The chapter's picture, drawn from a real trace by the commands it shows:
 ///
-///     cargo run --release --example 06-ddp-training -- -n 2 --iters 3 --batch 128 --bucket-mb 0.1 --trace ddp.json
-///     target/release/comm-bench timeline ddp.json -o ddp-timeline.svg
+///     cargo run --release --example 06-ddp-training -- -n 2 --iters 3 --batch 128 --bucket-mb 0.1 --trace out/ddp.json
+///     target/release/comm-bench timeline out/ddp.json -o out/ddp-timeline.svg
 ///
 /// Each bucket is handed to the comm thread as soon as backward has filled it: the last layer's
 /// before backward has reached the first layer. (Whether the comm thread then runs at once is

@@ -332,23 +332,25 @@ fn master_port_and_addr_flags_place_the_store() {
     );
 }
 
-/// The course's line example 03 prints for one half (`Gloo` or `NCCL`): (MB, median ms, busbw).
+/// The course's line example 03 prints for one half (`CPU` for the CPU path, whose label goes on
+/// to name its transport, or `NCCL`): (MB, median ms, busbw).
 fn timing_line(stdout: &str, half: &str) -> (usize, f64, f64) {
-    let prefix = format!("Rank 0 ({half}): all-reduce ");
+    let prefix = format!("Rank 0 ({half}");
     let line = stdout
         .lines()
-        .find(|l| l.starts_with(&prefix))
+        .find(|l| l.starts_with(&prefix) && l.contains("): all-reduce "))
         .unwrap_or_else(|| panic!("no {prefix:?} line in:\n{stdout}"));
-    // Rank 0 (Gloo): all-reduce 2 MB took 3.21 ms (median of 3, busbw 1.23 GB/s)
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let mb = words[4].parse().unwrap();
+    // Rank 0 (CPU, Gloo-style over shm): all-reduce 2 MB took 3.21 ms (median of 3, busbw 1.23 GB/s)
+    let (_, timing) = line.split_once("): ").unwrap();
+    let words: Vec<&str> = timing.split_whitespace().collect();
+    let mb = words[1].parse().unwrap();
     assert_eq!(
-        (words[5], words[6], words[8]),
-        ("MB", "took", "ms"),
+        (words[0], words[2], words[3], words[5]),
+        ("all-reduce", "MB", "took", "ms"),
         "{line}"
     );
-    let ms: f64 = words[7].parse().unwrap();
-    let busbw: f64 = words[13].parse().unwrap();
+    let ms: f64 = words[4].parse().unwrap();
+    let busbw: f64 = words[10].parse().unwrap();
     assert!(ms > 0.0 && busbw > 0.0, "{line}");
     assert!(line.ends_with("GB/s)"), "{line}");
     (mb, ms, busbw)
@@ -374,7 +376,7 @@ fn check_gloo_vs_nccl(stdout: &str, mb: usize, layout: Layout) {
         !first.contains("requested"),
         "nothing was requested: {first}"
     );
-    assert_eq!(timing_line(stdout, "Gloo").0, mb);
+    assert_eq!(timing_line(stdout, "CPU").0, mb);
     let machine = this_machine();
     let gpus = machine.gpus();
     match machine.kind {
@@ -474,7 +476,7 @@ fn gloo_vs_nccl_across_two_launchers_as_two_nodes() {
         ranks_per_node: 2,
     };
     check_gloo_vs_nccl(stdout, 2, layout);
-    let (_, ms, busbw) = timing_line(stdout, "Gloo");
+    let (_, ms, busbw) = timing_line(stdout, "CPU");
     let expected = 2e6 / (ms / 1e3) / 1e9 * 1.5;
     assert!(
         (busbw - expected).abs() <= 0.01 + expected * 0.02,
@@ -532,7 +534,7 @@ fn two_hosts_mix_shared_memory_and_tcp_in_one_ring() {
     let stdout = &outputs[0].stdout;
     let mixed = "transport: shm+tcp (rank 0: shared memory to 2 ranks of its host, TCP to 3)";
     assert!(stdout.contains(mixed), "{stdout}");
-    assert_eq!(timing_line(stdout, "Gloo").0, 12);
+    assert_eq!(timing_line(stdout, "CPU, Gloo-style over shm+tcp").0, 12);
 }
 
 #[test]
@@ -585,7 +587,7 @@ fn gloo_vs_nccl_runs_the_halves_backend_asks_for() {
         Some("backend: cpu (requested)"),
         "{stdout}"
     );
-    assert_eq!(timing_line(&stdout, "Gloo").0, 1);
+    assert_eq!(timing_line(&stdout, "CPU").0, 1);
     assert!(
         !stdout.contains("(NCCL)") && !stdout.contains("faster"),
         "{stdout}"
@@ -611,7 +613,7 @@ fn gloo_vs_nccl_runs_the_halves_backend_asks_for() {
             let stdout = String::from_utf8(out.stdout).unwrap();
             assert_eq!(Backend::first_line_of(&stdout).kind, Kind::Nccl, "{stdout}");
             assert_eq!(timing_line(&stdout, "NCCL").0, 1);
-            assert!(!stdout.contains("(Gloo)"), "{stdout}");
+            assert!(!stdout.contains("(CPU, Gloo-style"), "{stdout}");
         }
     }
 }

@@ -205,24 +205,36 @@ fn reduce_scatter_grids_are_the_same() {
     }
 }
 
-/// 03's Gloo line, its numbers (the median and the bus bandwidth, which differ from run to run)
-/// masked: `Rank 0 (Gloo): all-reduce 8 MB took X ms (median of 10, busbw X GB/s)` from both.
+/// 03's timing line of the CPU half, its numbers (the median and the bus bandwidth, which differ
+/// from run to run) masked: `all-reduce 8 MB took X ms (median of 10, busbw X GB/s)` from both,
+/// after a label that says what ran: `Rank 0 (Gloo)` for the twin, torch's real Gloo;
+/// `Rank 0 (CPU, Gloo-style over shm)` for the example, our CPU path the Gloo way.
 /// Without CUDA the twin says its NCCL half was skipped; the example on `--backend cpu` runs the
-/// Gloo half alone and says nothing of NCCL, so that line is the twin's only.
+/// CPU half alone and says nothing of NCCL, so that line is the twin's only.
 #[test]
 fn gloo_vs_nccl_prints_the_same_timing_line() {
     let Some(pair) = run(GLOO_VS_NCCL) else {
         return;
     };
-    let shape = |out: &str| -> Vec<String> {
+    let shape = |out: &str, label: &str| -> Vec<String> {
         out.lines()
-            .filter(|l| l.starts_with("Rank 0 (Gloo): "))
+            .filter_map(|l| l.strip_prefix(label))
             .map(masked)
             .collect()
     };
-    let expected = "Rank 0 (Gloo): all-reduce 8 MB took X ms (median of 10, busbw X GB/s)";
-    assert_eq!(shape(&pair.python), [expected], "{}", pair.python);
-    assert_eq!(shape(&pair.rust), [expected], "{}", pair.rust);
+    let expected = "all-reduce 8 MB took X ms (median of 10, busbw X GB/s)";
+    assert_eq!(
+        shape(&pair.python, "Rank 0 (Gloo): "),
+        [expected],
+        "{}",
+        pair.python
+    );
+    assert_eq!(
+        shape(&pair.rust, "Rank 0 (CPU, Gloo-style over shm): "),
+        [expected],
+        "{}",
+        pair.rust
+    );
     assert!(
         pair.python
             .contains("Rank 0 (NCCL): skipped: torch.cuda.is_available() is False"),

@@ -47,6 +47,10 @@ const NOT_VARIABLES: &[&str] = &[
     "MPI_IN_PLACE",
     "ERR_NVGPUCTRPERM",
     "COMPARE_SET",
+    "MPI_COMM_WORLD",
+    // slurm/07-torchrun.sbatch's own shell variable (its knob is NPROC_PER_NODE), in the line
+    // the Leonardo chapter shows.
+    "PER_NODE",
 ];
 
 /// The names the environment page lists: those it shows as code (`NAME`).

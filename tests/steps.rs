@@ -276,29 +276,29 @@ fn without_steps_no_step_is_shown() {
 fn the_books_ring_pictures_are_drawn_from_real_runs() {
     let dir = scratch("ring-picture");
     let pictures = [
-        // cargo run --example 01-broadcast -- -n 4 --len 2 --steps --backend cpu > broadcast-steps.txt
-        // target/release/comm-bench grids broadcast-steps.txt -o broadcast-tree-steps.svg
+        // cargo run --example 01-broadcast -- -n 4 --len 2 --steps --backend cpu > out/broadcast-steps.txt
+        // target/release/comm-bench grids out/broadcast-steps.txt -o out/broadcast-tree-steps.svg
         (
             "01-broadcast",
             &["-n", "4", "--len", "2", "--steps"][..],
             "broadcast-tree-steps.svg",
         ),
-        // cargo run --example 02-allreduce -- -n 3 --len 3 --steps --algo ring --backend cpu > ring-steps.txt
-        // target/release/comm-bench grids ring-steps.txt -o ring-allreduce.svg
+        // cargo run --example 02-allreduce -- -n 3 --len 3 --steps --algo ring --backend cpu > out/ring-steps.txt
+        // target/release/comm-bench grids out/ring-steps.txt -o out/ring-allreduce.svg
         (
             "02-allreduce",
             &["-n", "3", "--len", "3", "--steps", "--algo", "ring"][..],
             "ring-allreduce.svg",
         ),
-        // cargo run --example 04-allgather -- -n 3 --steps --backend cpu > allgather-steps.txt
-        // target/release/comm-bench grids allgather-steps.txt -o ring-allgather.svg
+        // cargo run --example 04-allgather -- -n 3 --steps --backend cpu > out/allgather-steps.txt
+        // target/release/comm-bench grids out/allgather-steps.txt -o out/ring-allgather.svg
         (
             "04-allgather",
             &["-n", "3", "--steps"][..],
             "ring-allgather.svg",
         ),
-        // cargo run --example 05-reduce-scatter -- -n 3 --steps --backend cpu > reduce-scatter-steps.txt
-        // target/release/comm-bench grids reduce-scatter-steps.txt -o ring-reduce-scatter.svg
+        // cargo run --example 05-reduce-scatter -- -n 3 --steps --backend cpu > out/reduce-scatter-steps.txt
+        // target/release/comm-bench grids out/reduce-scatter-steps.txt -o out/ring-reduce-scatter.svg
         (
             "05-reduce-scatter",
             &["-n", "3", "--steps"][..],

@@ -1,5 +1,5 @@
 //! Our rendezvous store and PyTorch's are one protocol: the real `torch.distributed.TCPStore`
-//! reads a live job's keys (as the 00 chapter shows), talks to our server command by command, and
+//! reads a live job's keys (as the book's engineering notes show), talks to our server command by command, and
 //! serves a store our ranks meet at (as torchrun's agent does). Without torch these tests say they
 //! skipped, unless NCCL_WORKSHOP_REQUIRE_TORCH=1.
 
@@ -32,13 +32,15 @@ fn python(torch: &Torch, script: &str, args: &[&str]) -> String {
     text
 }
 
-/// The bash block of the 00 chapter that follows `marker`, as written.
+/// The book's page that shows the store session (the 00 chapter links to it).
+const PAGE: &str = "docs/src/engineering-notes.md";
+
+/// The bash block of [`PAGE`] that follows `marker`, as written.
 fn book_block(marker: &str) -> String {
-    let chapter =
-        std::fs::read_to_string(workspace_root().join("docs/src/00-hello-world.md")).unwrap();
+    let chapter = std::fs::read_to_string(workspace_root().join(PAGE)).unwrap();
     let after = chapter
         .split_once(marker)
-        .unwrap_or_else(|| panic!("00-hello-world.md has no {marker}"))
+        .unwrap_or_else(|| panic!("{PAGE} has no {marker}"))
         .1;
     let body = after
         .split_once("```bash\n")
@@ -67,7 +69,7 @@ fn python_reads_a_live_jobs_keys_as_the_book_shows() {
         .current_dir(workspace_root())
         .plainly();
     let done = start(&mut command).finish(Duration::from_secs(120));
-    done.assert_success("the 00 chapter's store session");
+    done.assert_success("the book's store session");
     let out = &done.stdout;
     // While ranks 0-2 wait for rank 3, Python sees the job as they wrote it.
     assert!(out.contains("  job/world_size     4\n"), "{out}");

@@ -468,7 +468,8 @@ fn the_pytorch_twin_follows_the_same_loss_curve() {
 
 /// Every line of a bash block that runs torchrun (`torchrun …`, or after variables or `srun`) in
 /// README.md, slurm/README.md and the book's chapters, and the other lines of such blocks, by
-/// file: continuation lines joined, comments dropped, spaces collapsed.
+/// file: continuation lines joined, comments dropped, spaces collapsed. A chapter's exercise is
+/// left out: tests/exercises.rs runs its commands.
 fn torchrun_lines_in_docs() -> Vec<(String, String)> {
     let root = workspace_root();
     let mut files: Vec<PathBuf> = vec![root.join("README.md"), root.join("slurm/README.md")];
@@ -478,14 +479,18 @@ fn torchrun_lines_in_docs() -> Vec<(String, String)> {
         let text = std::fs::read_to_string(&file).unwrap();
         let name = file.strip_prefix(&root).unwrap().display().to_string();
         let mut in_bash = false;
+        let mut in_exercise = false;
         let mut block = String::new();
         for line in text.lines() {
             let trimmed = line.trim_start();
+            if !in_bash && line.starts_with("## ") {
+                in_exercise = line == "## Exercise";
+            }
             if let Some(info) = trimmed.strip_prefix("```") {
                 if in_bash {
                     let lines = commands(&block);
                     let runs_torchrun = |c: &String| c.split_whitespace().any(|w| w == "torchrun");
-                    if lines.iter().any(runs_torchrun) {
+                    if !in_exercise && lines.iter().any(runs_torchrun) {
                         for command in lines {
                             if runs_torchrun(&command) || SETUP.contains(&command.as_str()) {
                                 found.push((name.clone(), command));

@@ -87,7 +87,7 @@ fn a_ring_all_reduce_traces_every_step_of_every_rank() {
             "--backend",
             "cpu",
         ];
-        // cargo run --example 02-allreduce -- -n 4 --len 100000 --algo ring --backend cpu --trace ring.json
+        // cargo run --example 02-allreduce -- -n 4 --len 100000 --algo ring --backend cpu --trace out/ring.json
         let trace_args = [&args[..], &["--trace", "ring.json"]].concat();
         let stdout = run_in(&dir, &example("02-allreduce"), &trace_args);
         assert!(stdout.contains("trace: ring.json"), "{stdout}");
@@ -122,7 +122,7 @@ fn a_ring_all_reduce_traces_every_step_of_every_rank() {
         }
         let parts = std::fs::read_dir(&dir).unwrap().count();
         assert_eq!(parts, 1, "the ranks' parts are merged and removed");
-        // target/release/comm-bench timeline ring.json -o ring-timeline.svg
+        // target/release/comm-bench timeline out/ring.json -o out/ring-timeline.svg
         let timeline = ["timeline", "ring.json", "-o", "ring-timeline.svg"];
         let drawn = run_in(&dir, &binary("comm-bench", "comm-bench"), &timeline);
         assert!(drawn.contains("slices"), "{drawn}");
@@ -163,7 +163,7 @@ fn tree_and_chain_broadcasts_send_what_their_schedules_say() {
     for (algo, messages) in [("tree", 3), ("chain", 4 * 3)] {
         let file = format!("{algo}.json");
         let picture = format!("broadcast-{algo}-timeline.svg");
-        // cargo run --example 01-broadcast -- -n 4 --len 1048576 --algo tree --backend cpu --trace tree.json
+        // cargo run --example 01-broadcast -- -n 4 --len 1048576 --algo tree --backend cpu --trace out/tree.json
         let args = [
             "-n",
             "4",
@@ -182,7 +182,7 @@ fn tree_and_chain_broadcasts_send_what_their_schedules_say() {
         let trace = read_trace(&dir.join(&file));
         check(&trace, 4, "broadcast", 1);
         assert_eq!(events(&trace, "s").len(), messages, "{algo}");
-        // target/release/comm-bench timeline tree.json -o broadcast-tree-timeline.svg
+        // target/release/comm-bench timeline out/tree.json -o out/broadcast-tree-timeline.svg
         let timeline = ["timeline", file.as_str(), "-o", picture.as_str()];
         run_in(&dir, &binary("comm-bench", "comm-bench"), &timeline);
         let svg = std::fs::read_to_string(dir.join(&picture)).unwrap();
@@ -199,7 +199,7 @@ fn tree_and_chain_broadcasts_send_what_their_schedules_say() {
 fn a_timed_loop_shows_warm_up_untimed_and_timed_calls() {
     let dir = scratch("trace-profile");
     let (ranks, warmup, iters) = (2usize, 1usize, 3usize);
-    // cargo run --example 03-multinode-gloo-vs-nccl -- -n 2 --size-mb 1 --warmup 1 --iters 3 --backend cpu --trace profile.json
+    // cargo run --example 03-multinode-gloo-vs-nccl -- -n 2 --size-mb 1 --warmup 1 --iters 3 --backend cpu --trace out/profile.json
     let args = [
         "-n",
         "2",
@@ -228,7 +228,7 @@ fn a_timed_loop_shows_warm_up_untimed_and_timed_calls() {
         want.push(8 * (ranks + iters) as u64);
         assert_eq!(sizes, want, "rank {rank}'s calls in order");
     }
-    // target/release/comm-bench timeline profile.json -o profile-timeline.svg
+    // target/release/comm-bench timeline out/profile.json -o out/profile-timeline.svg
     let timeline = ["timeline", "profile.json", "-o", "profile-timeline.svg"];
     run_in(&dir, &binary("comm-bench", "comm-bench"), &timeline);
     let svg = std::fs::read_to_string(dir.join("profile-timeline.svg")).unwrap();
@@ -246,7 +246,7 @@ fn the_rings_copy_twice_and_the_single_copy_reads_once() {
     for copy in ["ring", "single"] {
         let file = format!("{copy}.json");
         let picture = format!("transports-{copy}-timeline.svg");
-        // cargo run --example 01-broadcast -- -n 2 --len 1048576 --backend cpu --copy ring --trace ring.json
+        // cargo run --example 01-broadcast -- -n 2 --len 1048576 --backend cpu --copy ring --trace out/ring.json
         let args = [
             "-n",
             "2",
@@ -296,7 +296,7 @@ fn the_rings_copy_twice_and_the_single_copy_reads_once() {
                 );
             }
         }
-        // target/release/comm-bench timeline ring.json -o transports-ring-timeline.svg
+        // target/release/comm-bench timeline out/ring.json -o out/transports-ring-timeline.svg
         let timeline = ["timeline", file.as_str(), "-o", picture.as_str()];
         run_in(&dir, &binary("comm-bench", "comm-bench"), &timeline);
         let svg = std::fs::read_to_string(dir.join(&picture)).unwrap();

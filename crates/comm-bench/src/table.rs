@@ -84,9 +84,12 @@ pub fn what_is_timed(info: &RunInfo) -> String {
             "host clock, each iteration from its launch to the end of its work"
         }
     };
+    // Two numbers, each said once: the table's time combines the ranks' times as -a says; the
+    // CSV's per-iteration statistics take each iteration's slowest rank.
     format!(
-        "# time: per call on the host clock, {} (-z {}); over ranks {} (-a {})\n\
-         # per iteration (median, min, max in --csv/--json): the slowest rank's; {iterations}\n{}",
+        "# time: per call on the host clock, {} (-z {}); of the ranks' times, {} (-a {})\n\
+         # median, min, max over iterations (--csv/--json): each iteration timed as its slowest \
+         rank; {iterations}\n{}",
         waiting.describe(),
         waiting.flag(),
         average.describe(),
@@ -223,27 +226,29 @@ mod tests {
         assert!(
             z0.starts_with(
                 "# time: per call on the host clock, from a barrier to the end of the last call's \
-                 work, calls enqueued back to back and waited for once (-z 0); over ranks the mean \
-                 (-a 1)\n# per iteration"
+                 work, calls enqueued back to back and waited for once (-z 0); of the ranks' times, \
+                 the mean (-a 1)\n# median, min, max over iterations"
             ),
             "{z0}"
         );
         assert!(z0.contains("-z 0 times the loop only"), "{z0}");
         let z1 = said(1, 0, 0, "cpu");
         assert!(
-            z1.contains("followed by a barrier (counted) (-z 1); over ranks rank 0's (-a 0)"),
+            z1.contains(
+                "followed by a barrier (counted) (-z 1); of the ranks' times, rank 0's (-a 0)"
+            ),
             "{z1}"
         );
         let z3 = said(3, 3, 0, "cpu");
         assert!(
-            z3.contains("the barrier between iterations not counted (-z 3); over ranks the slowest rank's (-a 3)"),
+            z3.contains("the barrier between iterations not counted (-z 3); of the ranks' times, the slowest rank's (-a 3)"),
             "{z3}"
         );
         assert!(
             z3.contains("host clock, each iteration from its launch"),
             "{z3}"
         );
-        assert!(said(0, 2, 0, "cpu").contains("over ranks the fastest rank's (-a 2)"));
+        assert!(said(0, 2, 0, "cpu").contains("of the ranks' times, the fastest rank's (-a 2)"));
         // -I 1: CUDA events on NCCL (pairs with -z 3), host-clock marks on the CPU.
         let z3_events = said(3, 1, 1, "nccl");
         assert!(

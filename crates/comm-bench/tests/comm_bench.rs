@@ -195,7 +195,7 @@ fn every_timing_mode_runs_on_the_cpu_backend() {
             1,
             1,
             0,
-            "waited for once (-z 0); over ranks the mean (-a 1)",
+            "waited for once (-z 0); of the ranks' times, the mean (-a 1)",
         ),
         (
             vec!["-z", "1", "-m", "3", "-a", "0"],
@@ -203,7 +203,7 @@ fn every_timing_mode_runs_on_the_cpu_backend() {
             3,
             0,
             0,
-            "followed by a barrier (counted) (-z 1); over ranks rank 0's (-a 0)",
+            "followed by a barrier (counted) (-z 1); of the ranks' times, rank 0's (-a 0)",
         ),
         (
             vec!["--blocking", "3", "--average", "3", "-I", "1"],
@@ -211,7 +211,7 @@ fn every_timing_mode_runs_on_the_cpu_backend() {
             1,
             3,
             1,
-            "the barrier between iterations not counted (-z 3); over ranks the slowest rank's (-a 3)",
+            "the barrier between iterations not counted (-z 3); of the ranks' times, the slowest rank's (-a 3)",
         ),
     ] {
         let csv = dir.join(format!("z{blocking}.csv"));
@@ -235,7 +235,10 @@ fn every_timing_mode_runs_on_the_cpu_backend() {
         assert!(stdout.contains(&said), "{said} in\n{stdout}");
         assert!(stdout.contains(header), "{header} in\n{stdout}");
         assert!(
-            stdout.contains("# per iteration (median, min, max in --csv/--json): the slowest rank's; "),
+            stdout.contains(
+                "# median, min, max over iterations (--csv/--json): each iteration timed as its \
+                 slowest rank; "
+            ),
             "{stdout}"
         );
         let text = std::fs::read_to_string(&csv).unwrap();

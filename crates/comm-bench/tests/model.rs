@@ -276,6 +276,8 @@ fn the_curve_chapter_runs_as_written_and_redraws_its_pictures() {
     let bin = dir.join("target/release/comm-bench");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_comm-bench"), &bin).unwrap();
     std::os::unix::fs::symlink(root().join("docs"), dir.join("docs")).unwrap();
+    // The clone's `out/`, where the chapter's commands write.
+    std::fs::create_dir_all(dir.join("out")).unwrap();
     let lines = bash_lines(&chapter);
     assert!(lines.len() >= 6, "{lines:?}");
     let _sweeping = one_sweep_at_a_time();
@@ -293,10 +295,13 @@ fn the_curve_chapter_runs_as_written_and_redraws_its_pictures() {
         );
     }
     for (drawn, shown) in [
-        ("curve/all_reduce-busbw.svg", "curve-all_reduce-busbw.svg"),
-        ("curve/all_reduce-time.svg", "curve-all_reduce-time.svg"),
         (
-            "leonardo/all_reduce-busbw.svg",
+            "out/curve/all_reduce-busbw.svg",
+            "curve-all_reduce-busbw.svg",
+        ),
+        ("out/curve/all_reduce-time.svg", "curve-all_reduce-time.svg"),
+        (
+            "out/leonardo/all_reduce-busbw.svg",
             "leonardo-predicted-busbw.svg",
         ),
     ] {

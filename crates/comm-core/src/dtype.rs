@@ -90,7 +90,8 @@ pub enum ReduceOp {
     Min,
     /// Element-wise maximum (ncclMax).
     Max,
-    /// Sum divided by the world size (NCCL's ncclAvg; integers divide and truncate).
+    /// Sum divided by the world size; integers divide and truncate. (NCCL's ncclAvg multiplies
+    /// each float input by 1/n before summing, `ncclDevPreMulSum`: the last bits may differ.)
     Avg,
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use comm_core::launch::run_settings;
 use comm_core::Settings;
-use comm_core::{BackendChoice, ReduceOp};
+use comm_core::{BackendChoice, Communicator, ReduceOp};
 use test_support::process::{
     assert_all_gone, scratch, start, wait_for_pid_files, Plainly, Running,
 };
@@ -38,6 +38,9 @@ fn as_rank(scenario: &str) -> ! {
                 std::process::exit(3)
             }
             "hang" if comm.rank() == 1 => std::thread::sleep(Duration::from_secs(600)),
+            "rank-0-alone" => return rank_0_alone(comm, Duration::ZERO),
+            // Longer than the job's timeout.
+            "rank-0-alone-slow" => return rank_0_alone(comm, Duration::from_secs(4)),
             _ => {}
         }
         let mut buf = comm.buffer(&vec![1.0f32; 1 << 16])?;
@@ -45,6 +48,22 @@ fn as_rank(scenario: &str) -> ! {
     });
     std::process::exit(code)
 }
+
+// ANCHOR: rank_0_alone
+/// A collective only rank 0 calls, as a program does that all-reduces the loss to log it
+/// `if rank == 0`: the ranks' calls no longer pair up. The others go on with their work for
+/// `others_work`, then all-reduce their gradients.
+fn rank_0_alone(comm: &Communicator, others_work: Duration) -> comm_core::Result<()> {
+    let mut loss = comm.buffer(&[1.0f32])?;
+    if comm.rank() == 0 {
+        comm.all_reduce(&mut loss, ReduceOp::Sum)?; // rank 0 alone: the others never call it
+    } else {
+        std::thread::sleep(others_work); // the others' work (forward, backward) stands here
+    }
+    let mut gradients = comm.buffer(&vec![1.0f32; 1 << 16])?;
+    comm.all_reduce(&mut gradients, ReduceOp::Sum) // every rank
+}
+// ANCHOR_END: rank_0_alone
 
 /// Starts this test again as the job of `scenario`.
 fn job(test: &str, scenario: &str, timeout: &str, dir: &Path) -> Command {
@@ -323,4 +342,60 @@ fn killing_the_rank_that_serves_the_store_stops_the_others_at_once() {
     assert_all_gone(&pids);
     // Rank 0 could not clean up after itself; the others did it for it.
     assert_no_segments_of(&[&pids[..], &[rank0_pid]].concat());
+}
+
+/// docs/src/01-broadcast.md's mismatch, both ways it ends here: at once where the next message
+/// has another size than the call expects, at the timeout where no message comes. The chapter
+/// quotes these lines.
+#[test]
+fn a_collective_only_rank_0_calls_fails_the_job_saying_what_disagrees() {
+    if let Ok(scenario) = std::env::var("SCENARIO") {
+        as_rank(&scenario);
+    }
+    let test = "a_collective_only_rank_0_calls_fails_the_job_saying_what_disagrees";
+    let dir = scratch("rank-0-alone");
+    let (code, stderr) = wait_with_limit(
+        start(&mut job(test, "rank-0-alone", "2", &dir)),
+        Duration::from_secs(30),
+    );
+    assert_ne!(code, 0);
+    // Which rank notices first changes from run to run: rank 1 gets rank 0's loss where it
+    // expects a block of gradients, or rank 0 gets rank 2's block where it expects the loss.
+    let noticed = [
+        "error: rank 1: rank 0 sent 4 bytes where rank 1 expected 87384",
+        "error: rank 0: rank 2 sent 87380 bytes where rank 0 expected 4",
+    ];
+    assert!(
+        noticed.iter().any(|n| stderr.contains(n))
+            && stderr.contains(
+                ": the ranks disagree on buffer sizes (pass the same length, dtype and root on \
+                 every rank)"
+            ),
+        "{stderr}"
+    );
+    assert_all_gone(&rank_pids(&dir, 3));
+
+    let dir = scratch("rank-0-alone-slow");
+    let started = Instant::now();
+    let (code, stderr) = wait_with_limit(
+        start(&mut job(test, "rank-0-alone-slow", "2", &dir)),
+        Duration::from_secs(30),
+    );
+    assert_ne!(code, 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        started.elapsed()
+    );
+    let waited = |peer: usize| {
+        format!(
+            "error: rank 0: timed out after 2s waiting for rank {peer} while rank 0 was \
+             receiving from it (is that rank stuck, or did the ranks call different collectives?)"
+        )
+    };
+    assert!(
+        stderr.contains(&waited(2)) || stderr.contains(&waited(1)),
+        "{stderr}"
+    );
+    assert_all_gone(&rank_pids(&dir, 3));
 }

@@ -481,7 +481,7 @@ fn the_books_restart_example_prints_what_the_book_shows() {
 
 /// The log example of the README and the book, run as shown there (in a scratch folder, with
 /// the example built for the tests, its GPUs hidden as in the book).
-const LOG_EXAMPLE: &str = "commrun --nproc-per-node 4 --max-restarts 2 --log-dir logs --tee 3 \
+const LOG_EXAMPLE: &str = "commrun --nproc-per-node 4 --max-restarts 2 --log-dir out/logs --tee 3 \
      --local-ranks-filter 0 target/release/02-allreduce";
 
 #[test]
@@ -508,7 +508,7 @@ fn the_log_example_of_the_readme_and_the_book_writes_every_ranks_files() {
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     assert!(stdout.lines().all(|l| l.starts_with("[0]: ")), "{stdout}");
     assert!(stdout.contains("[0]: After reduce:"), "{stdout}");
-    let run = std::fs::read_dir(here.join("logs"))
+    let run = std::fs::read_dir(here.join("out/logs"))
         .unwrap()
         .next()
         .unwrap()

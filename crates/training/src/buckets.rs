@@ -1,8 +1,9 @@
-//! Gradient buckets, as DDP makes them: the parameters in reverse order (the order backward
-//! produces their gradients, last layer first), each added to the open bucket, which closes as
-//! soon as it holds `--bucket-mb` or more (DDP's `compute_bucket_assignment_by_size`). A bucket
-//! is ready when all its parameters' gradients are, and its all-reduce can start then, while
-//! backward goes on.
+//! Gradient buckets: the parameters in reverse order (the order backward produces their
+//! gradients in a plain stack of layers, last layer first), each added to the open bucket, which
+//! closes as soon as it holds `--bucket-mb` or more (DDP's `compute_bucket_assignment_by_size`).
+//! DDP learns that order in its first iteration and rebuilds its buckets after it; ours know it
+//! from the start, so they are fixed from step 0. A bucket is ready when all its parameters'
+//! gradients are, and its all-reduce can start then, while backward goes on.
 
 /// One bucket: which parameters (indices into the model's list), and how many floats.
 #[derive(Debug, Clone, PartialEq)]

@@ -20,9 +20,9 @@ def ring_all_reduce(tensor):
             request.wait()
 
     for s in range(1, n - 1):
-        mine = block(rank - s)
+        mine = block(rank - s - 1)
         arrived = torch.empty_like(mine)
-        step(block(rank + 1 - s), arrived)
+        step(block(rank - s), arrived)
         mine += arrived
     for s in range(1, n):
-        step(block(rank + 2 - s), block(rank + 1 - s))
+        step(block(rank + 1 - s), block(rank - s))

@@ -19,11 +19,11 @@ def ring_all_reduce(tensor):
             request.wait()
 
     for s in range(1, n):
-        # Reduce-scatter: send block rank+1-s, add the arriving block rank-s into ours.
-        mine = block(rank - s)
+        # Reduce-scatter: send block rank-s, add the arriving block rank-s-1 into ours.
+        mine = block(rank - s - 1)
         arrived = torch.empty_like(mine)
-        step(block(rank + 1 - s), arrived)
+        step(block(rank - s), arrived)
         mine += arrived
     for s in range(1, n):
-        # All-gather: send the finished block rank+2-s, receive block rank+1-s in place.
-        step(block(rank + 2 - s), block(rank + 1 - s))
+        # All-gather: send the finished block rank+1-s, receive block rank-s in place.
+        step(block(rank + 1 - s), block(rank - s))

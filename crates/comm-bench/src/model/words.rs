@@ -56,11 +56,15 @@ pub fn describe(label: &str, fit: &Fit, machine: Option<&Machine>, table: bool) 
     counted.dedup();
     let mut out = format!("{label}: {}\n", counted.join("; "));
     let mut bandwidth = match m.switch_bytes {
+        // Two rates need their reason where they are printed: a switch in how the transport
+        // moves bytes, and a rate no memory gives comes from a cache.
         Some(at) if m.cache_gbps.is_finite() => format!(
-            "B = {} below {}, {} from it on",
+            "B = {} below {}, {} from it on (a protocol switch: from that size the transport \
+             moves bytes another way){}",
             gbps(m.cache_gbps),
             size(at as f64),
-            gbps(m.switched_gbps)
+            gbps(m.switched_gbps),
+            from_a_cache(m.cache_gbps.max(m.switched_gbps), machine)
         ),
         // Moving cost nothing the fit could tell from the steps and the reduction.
         Some(at) => format!(
@@ -68,7 +72,11 @@ pub fn describe(label: &str, fit: &Fit, machine: Option<&Machine>, table: bool) 
             gbps(m.switched_gbps),
             size(at as f64)
         ),
-        None => format!("B = {}", gbps(m.cache_gbps)),
+        None => format!(
+            "B = {}{}",
+            gbps(m.cache_gbps),
+            from_a_cache(m.cache_gbps, machine)
+        ),
     };
     if fit.in_regime("memory") {
         let _ = write!(
@@ -171,6 +179,17 @@ fn copy_counts(fit: &Fit, machine: Option<&Machine>) -> Vec<String> {
 /// "the time of about 2.1 copies per byte".
 fn copies(copy_gbps: f64, b: f64) -> String {
     format!("the time of about {:.1} copies per byte", copy_gbps / b)
+}
+
+/// Where a B beats one core copying memory on this machine: "; faster than … : from a cache".
+fn from_a_cache(b: f64, machine: Option<&Machine>) -> String {
+    match machine.filter(|mc| mc.copy_gbps > 0.0 && b.is_finite() && b > mc.copy_gbps) {
+        Some(mc) => format!(
+            "; faster than one core copies memory here ({}): those bytes come from a cache",
+            gbps(mc.copy_gbps)
+        ),
+        None => String::new(),
+    }
 }
 
 /// α as the constants line gives it; a fit that put no cost on the steps says so rather than
