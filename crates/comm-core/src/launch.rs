@@ -197,8 +197,8 @@ pub fn end_on_closed_output() {
 
 /// The parent's job: starts `settings.ranks` ranks of this program (or [`default_ranks`]) on
 /// this machine, each given this process's arguments and then `extra_args`, and waits for them.
-/// Refused before any rank starts: a rank count of 0 or one too large, a backend that cannot
-/// run, a `--master-addr` not of this machine or a busy `--master-port`.
+/// Refused before any rank starts ([`plan_ranks`]): a rank count of 0 or one too large, a
+/// backend that cannot run, a `--master-addr` not of this machine or a busy `--master-port`.
 pub fn start_ranks(settings: &Settings, extra_args: &[OsString]) -> Result<Outcome> {
     start_ranks_with(settings, extra_args, &Extras::default())
 }
@@ -210,6 +210,12 @@ pub fn start_ranks_with(
     extra_args: &[OsString],
     extras: &Extras,
 ) -> Result<Outcome> {
+    spawn::run_with(&plan_ranks(settings, extra_args)?, extras)
+}
+
+/// The ranks [`start_ranks`] would start, or why none can: everything it refuses, it refuses
+/// here, before any rank exists.
+pub fn plan_ranks(settings: &Settings, extra_args: &[OsString]) -> Result<SpawnPlan> {
     if let Some(n) = settings.ranks.filter(|&n| n > 0) {
         // Before looking for GPUs: an absurd count is refused at once.
         spawn::check_ranks("-n/--nproc-per-node", n, 1)?;
@@ -232,7 +238,7 @@ pub fn start_ranks_with(
     let mut plan = SpawnPlan::local(program, args, nproc)?;
     plan.master_addr = master_addr;
     plan.master_port = master_port.unwrap_or(plan.master_port);
-    spawn::run_with(&plan, extras)
+    Ok(plan)
 }
 
 /// A usage error found before any rank starts: said on stderr, exit code 2.
@@ -241,9 +247,18 @@ fn usage_error(e: &CommError) -> ExitCode {
     exit_code(e.exit_code())
 }
 
-/// [`start_ranks`] for a program with nothing to add: says how the ranks ended.
+/// [`start_ranks`] for a program with nothing to add: says how the ranks ended. A refusal
+/// before any rank starts (a backend that cannot run here, a bad rank count or address) exits
+/// with 2, as a flag clap refuses does.
 fn spawn_ranks(settings: &Settings) -> i32 {
-    match start_ranks(settings, &[]) {
+    let plan = match plan_ranks(settings, &[]) {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    match spawn::run(&plan) {
         Ok(Outcome::Success) => 0,
         Ok(outcome @ Outcome::Failed(_)) => {
             if let Outcome::Failed(failure) = &outcome {
