@@ -126,8 +126,8 @@ const PLANTED: [(&str, &str, &str); 7] = [
     ),
     (
         "3",
-        "is wrong: 2 ranks, 1 double element, in place",
-        "rank 0, element 0: expected -1, got -22",
+        "case 1 of 80 is wrong: 2 ranks, 1 float element, in place",
+        "rank 0, element 0: expected -21, got 0",
     ),
     (
         "4",
