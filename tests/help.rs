@@ -8,7 +8,7 @@ use std::process::Command;
 use test_support::build::{binary, example, package_example};
 use test_support::process::Plainly;
 
-/// Every program the book runs: the examples, comm-core's two diagnostics, comm-bench, commrun,
+/// Every program the book runs: the examples, comm-core's diagnostics, comm-bench, commrun,
 /// the labs' checker and example.
 fn programs() -> Vec<(&'static str, PathBuf)> {
     let mut all: Vec<(&str, PathBuf)> = [
@@ -22,7 +22,7 @@ fn programs() -> Vec<(&'static str, PathBuf)> {
     .into_iter()
     .map(|name| (name, example(name)))
     .collect();
-    for name in ["nccl-probe", "collective-check"] {
+    for name in ["nccl-probe", "collective-check", "split-check"] {
         all.push((name, package_example("comm-core", name)));
     }
     all.push(("comm-bench", binary("comm-bench", "comm-bench")));

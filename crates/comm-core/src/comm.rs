@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::backend::cpu::link_plan::LinkPlan;
 use crate::backend::cpu::{algorithms, Algo, Transport};
 use crate::backend::nccl::NcclBackend;
 use crate::backend::{BackendKind, Device};
@@ -18,6 +19,7 @@ use crate::trace::Span;
 
 mod buffer;
 mod part;
+pub mod split;
 use buffer::{host, host_mut, same_length, wrong_kind, Repr};
 pub use buffer::{Buffer, Buffers};
 pub use part::{Part, PartMut};
@@ -54,18 +56,36 @@ pub struct Communicator {
     /// Collective calls made while showing steps: their keys in the store.
     watched_calls: AtomicU64,
     grids: AtomicU64,
+    /// How a CPU communicator's links were made, for its groups' own (see [`split`]).
+    links: Option<Arc<LinkPlan>>,
+    /// A split's group: its name (`tp 0`), in the transport line, the trace and errors.
+    group: Option<String>,
+    /// Splits made of this communicator: the next one's keys in the store.
+    splits: AtomicU64,
 }
 
 impl Communicator {
     /// A CPU communicator over `transport`, with no store (no grids): how the tests run ranks as
     /// threads.
     pub fn cpu(transport: Box<dyn Transport>, local_rank: usize) -> Communicator {
+        let (rank, world_size) = (transport.rank(), transport.world_size());
+        let engine = Engine::Cpu(transport);
+        Communicator::new(rank, world_size, local_rank, Device::Cpu(rank), engine)
+    }
+
+    fn new(
+        rank: usize,
+        world_size: usize,
+        local_rank: usize,
+        device: Device,
+        engine: Engine,
+    ) -> Communicator {
         Communicator {
-            rank: transport.rank(),
-            world_size: transport.world_size(),
+            rank,
+            world_size,
             local_rank,
-            device: Device::Cpu(transport.rank()),
-            engine: Engine::Cpu(transport),
+            device,
+            engine,
             store: None,
             name: String::new(),
             transport_line: None,
@@ -73,6 +93,9 @@ impl Communicator {
             steps: false,
             watched_calls: AtomicU64::new(0),
             grids: AtomicU64::new(0),
+            links: None,
+            group: None,
+            splits: AtomicU64::new(0),
         }
     }
 
@@ -84,20 +107,8 @@ impl Communicator {
         local_rank: usize,
         ordinal: usize,
     ) -> Communicator {
-        Communicator {
-            rank,
-            world_size,
-            local_rank,
-            device: Device::Cuda(ordinal),
-            engine: Engine::Nccl(Box::new(backend)),
-            store: None,
-            name: String::new(),
-            transport_line: None,
-            algo: None,
-            steps: false,
-            watched_calls: AtomicU64::new(0),
-            grids: AtomicU64::new(0),
-        }
+        let engine = Engine::Nccl(Box::new(backend));
+        Communicator::new(rank, world_size, local_rank, Device::Cuda(ordinal), engine)
     }
 
     /// Runs the CPU algorithm `algo` names wherever a collective has one of that name (all_reduce:
@@ -126,6 +137,20 @@ impl Communicator {
         self.store = Some(store);
         self.name = name.to_string();
         self
+    }
+
+    /// `e`, a call this communicator refused, said of its group where it is a split's group of
+    /// one: a call between two ranks finds no peer there.
+    fn of_group(&self, e: CommError) -> CommError {
+        match (&self.group, e) {
+            (Some(group), CommError::Usage(m)) if self.world_size == 1 => {
+                CommError::Usage(format!(
+                    "{m}: {group} is a group of one rank, and this call needs two or more \
+                     (give this rank's color to another rank too)"
+                ))
+            }
+            (_, e) => e,
+        }
     }
 
     /// This rank's number in the communicator, 0..world_size.
@@ -378,12 +403,9 @@ impl Communicator {
         } else {
             "in-place"
         };
-        let checked = call.check(
-            send.as_ref().map(Part::len),
-            recv.len(),
-            self.rank,
-            self.world_size,
-        )?;
+        let checked = call
+            .check(send.as_ref().map(Part::len), recv.len(), self.rank, self.world_size)
+            .map_err(|e| self.of_group(e))?;
         crate::phase::enter_collective(call.collective);
         let _between = PhaseAfterCall;
         let len = recv.len();
@@ -391,7 +413,12 @@ impl Communicator {
             placement: Some(placement),
             ..crate::trace::Args::bytes(len * std::mem::size_of::<T>())
         };
-        let _span = Span::slice("call", call.collective.name())
+        // A group's calls are named after it (formatted only when a trace is recorded).
+        let name = match &self.group {
+            Some(group) if crate::trace::on() => format!("{group}: {}", call.collective).into(),
+            _ => std::borrow::Cow::Borrowed(call.collective.name()),
+        };
+        let _span = Span::slice("call", name)
             .with_args(args)
             .with_range(|| format!("{} {placement} {} x {len}", call.collective, T::DTYPE));
         self.run_checked(&checked, send, &mut recv)
@@ -578,7 +605,8 @@ impl Communicator {
     pub fn send<'a, T: Element>(&self, buf: impl Into<Part<'a, T>>, peer: usize) -> Result<()> {
         let buf = buf.into();
         let _span = Span::range(|| format!("send {} x {}", T::DTYPE, buf.len()));
-        crate::collective::another_rank("send", peer, self.rank, self.world_size)?;
+        crate::collective::another_rank("send", peer, self.rank, self.world_size)
+            .map_err(|e| self.of_group(e))?;
         match &self.engine {
             Engine::Cpu(t) => t.send(peer, bytemuck::cast_slice(buf.host()?)),
             Engine::Nccl(nccl) => nccl.send(buf.device()?, peer),
@@ -590,7 +618,8 @@ impl Communicator {
     pub fn recv<'a, T: Element>(&self, buf: impl Into<PartMut<'a, T>>, peer: usize) -> Result<()> {
         let mut buf = buf.into();
         let _span = Span::range(|| format!("recv {} x {}", T::DTYPE, buf.len()));
-        crate::collective::another_rank("recv", peer, self.rank, self.world_size)?;
+        crate::collective::another_rank("recv", peer, self.rank, self.world_size)
+            .map_err(|e| self.of_group(e))?;
         match &self.engine {
             Engine::Cpu(t) => t.recv(peer, bytemuck::cast_slice_mut(buf.host()?)),
             Engine::Nccl(nccl) => nccl.recv(buf.device()?, peer),

@@ -137,28 +137,25 @@ impl Job {
         }
         let comm = match selection.kind {
             BackendKind::Cpu => {
-                let run_id = topology.run_id.as_deref();
                 let ip = match &topology.socket_ifname {
                     Some(name) => crate::host::interface_address(name)?,
                     None => self.store.local_ip(),
                 };
-                let choice = cpu::Wiring {
-                    transport: settings.transport,
-                    copy: settings.copy,
-                    refuse_cross_memory: false,
+                let plan = cpu::link_plan::LinkPlan {
+                    wiring: cpu::Wiring {
+                        transport: settings.transport,
+                        copy: settings.copy,
+                        refuse_cross_memory: false,
+                    },
+                    ip,
+                    run_id: topology.run_id.clone(),
+                    timeout,
+                    traced: settings.trace.is_some(),
                 };
-                let cpu = scope.scoped("cpu");
-                let connected = cpu::connect(&cpu, rank, world_size, run_id, choice, ip, timeout)?;
-                let line = format!(
-                    "transport: {} ({})",
-                    connected.transport.name(),
-                    connected.why
-                );
-                let transport = match settings.trace {
-                    Some(_) => Box::new(cpu::Traced::new(connected.transport)),
-                    None => connected.transport,
-                };
-                Communicator::cpu(transport, topology.local_rank).with_transport_line(line)
+                let linked = plan.connect(&scope.scoped("cpu"), None)?;
+                Communicator::cpu(linked.transport, topology.local_rank)
+                    .with_transport_line(linked.line)
+                    .with_links(Arc::new(plan))
             }
             BackendKind::Nccl => {
                 let ordinal = nccl::device_for(topology.local_rank, selection.gpus)?;

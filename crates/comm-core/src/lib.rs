@@ -11,6 +11,8 @@
 //! described once, in [`collective`]; [`check`], the tests and comm-bench read that table.
 //! [`work`] runs a communicator's collectives on a thread of its own, each a handle to wait on
 //! (torch's `async_op=True`), as data-parallel training overlaps them with backward.
+//! [`Communicator::split`] makes a group's communicator of some of the ranks (NCCL's
+//! `ncclCommSplit`), and [`mesh`] a rank's data- and tensor-parallel groups.
 
 pub mod agree;
 pub mod backend;
@@ -26,6 +28,7 @@ pub mod host;
 pub mod job;
 pub mod launch;
 pub mod memory;
+pub mod mesh;
 pub mod named;
 pub mod phase;
 pub mod settings;
@@ -42,12 +45,14 @@ pub mod work;
 
 pub use backend::{BackendChoice, BackendKind, Device};
 pub use collective::{Call, Collective};
+pub use comm::split::NO_COLOR;
 pub use comm::{Buffer, Communicator};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{CommError, Result};
 pub use failure_record::{report_failure, ErrorRecord};
 pub use job::Job;
 pub use launch::run;
+pub use mesh::Mesh;
 pub use named::Named;
 pub use settings::{JobArgs, LaunchArgs, Settings};
 pub use topology::Topology;

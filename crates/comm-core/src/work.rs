@@ -85,7 +85,11 @@ impl AsyncComm {
         let thread = std::thread::Builder::new()
             .name(THREAD_NAME.into())
             .spawn(move || {
-                crate::trace::name_track(THREAD_NAME);
+                // A split's group names its thread's track: `comm thread (dp 0)`.
+                match comm.group_name() {
+                    Some(group) => crate::trace::name_track(&format!("{THREAD_NAME} ({group})")),
+                    None => crate::trace::name_track(THREAD_NAME),
+                }
                 // After a failed call the communicator is not trusted again (a peer may be gone):
                 // later calls are dropped unrun, and their Works say so.
                 let mut ok = true;

@@ -13,6 +13,9 @@ use crate::error::Result;
 pub struct Scoped<'a> {
     store: &'a Store,
     prefix: String,
+    /// Who meets under this prefix when not the whole job: this rank's place in a group and
+    /// the group's size (a split's communicator, see [`Scoped::among`]).
+    seat: Option<(usize, usize)>,
 }
 
 impl Store {
@@ -21,6 +24,7 @@ impl Store {
         Scoped {
             store: self,
             prefix: prefix.to_string(),
+            seat: None,
         }
     }
 }
@@ -33,7 +37,26 @@ impl<'a> Scoped<'a> {
 
     /// A narrower scope: `name` under this one.
     pub fn scoped(&self, name: &str) -> Scoped<'a> {
-        self.store.scoped(&self.key(name))
+        Scoped {
+            seat: self.seat,
+            ..self.store.scoped(&self.key(name))
+        }
+    }
+
+    /// This scope as the meeting place of a group of `size` ranks of the job, this one its
+    /// `rank`: its barriers wait for the group only, and its rank 0 is the group's. How a
+    /// split's communicator connects its own links (`crate::group`).
+    pub fn among(&self, rank: usize, size: usize) -> Scoped<'a> {
+        Scoped {
+            seat: Some((rank, size)),
+            ..self.clone()
+        }
+    }
+
+    /// This rank's place and the number of ranks that meet here: the group's, else the job's.
+    pub fn seat(&self) -> (usize, usize) {
+        self.seat
+            .unwrap_or((self.store.rank(), self.store.world_size()))
     }
 
     /// The whole key of `name` in this scope.
@@ -88,14 +111,20 @@ impl<'a> Scoped<'a> {
         self.store.add(&self.key(name), delta)
     }
 
-    /// A barrier of every rank under `name` in this scope.
+    /// A barrier of every rank that meets here (see [`Scoped::seat`]) under `name`.
     pub fn barrier(&self, name: &str) -> Result<()> {
-        self.store.barrier(&self.key(name))
+        let (rank, size) = self.seat();
+        self.store.barrier_among(&self.key(name), rank, size)
     }
 
-    /// Rank 0's `value` under `name` (see [`Store::rank0_value`]).
+    /// Rank 0's `value` under `name` (see [`Store::rank0_value`]); in a group, the group's
+    /// rank 0.
     pub fn rank0_value(&self, name: &str, value: &str) -> Result<String> {
-        self.store.rank0_value(&self.key(name), value)
+        if self.seat().0 != 0 {
+            return Ok(String::from_utf8_lossy(&self.get(name)?).into_owned());
+        }
+        self.set(name, value.as_bytes())?;
+        Ok(value.to_string())
     }
 }
 

@@ -4,8 +4,9 @@
 //! the waits a user reads (a timeout names who never joined), the job's index of keys, barriers,
 //! rank 0's value, aborting and leaving.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use super::client::Client;
@@ -19,7 +20,8 @@ use crate::error::{rank_list, CommError, Result};
 pub struct Store {
     client: Client,
     world_size: usize,
-    barriers: AtomicU64,
+    /// Barriers passed so far, by name: the next one's generation.
+    barriers: Mutex<HashMap<String, u64>>,
     watcher: Option<Watcher>,
     /// Whether this rank was let into the job (its join checks passed).
     member: bool,
@@ -72,7 +74,7 @@ impl Store {
         let mut store = Store {
             client,
             world_size: who.world_size,
-            barriers: AtomicU64::new(0),
+            barriers: Mutex::default(),
             watcher: None,
             member: false,
         };
@@ -263,26 +265,36 @@ impl Store {
     /// Returns once every rank has called `barrier` with the same name the same number of times.
     /// On timeout the error lists which ranks had arrived.
     pub fn barrier(&self, name: &str) -> Result<()> {
-        let generation = self.barriers.fetch_add(1, Ordering::SeqCst);
+        self.barrier_among(name, self.rank(), self.world_size)
+    }
+
+    /// [`Store::barrier`] of a group of `size` ranks of the job, this one its `rank` (a
+    /// split's ranks, which the others do not wait for): every rank of the group calls it with
+    /// the same name the same number of times. Generations count per name, so ranks that pass
+    /// different groups' barriers still meet at the job's.
+    pub fn barrier_among(&self, name: &str, rank: usize, size: usize) -> Result<()> {
+        let generation = {
+            let mut barriers = self.barriers.lock().unwrap_or_else(|e| e.into_inner());
+            let passed = barriers.entry(name.to_string()).or_default();
+            *passed += 1;
+            *passed - 1
+        };
         let base = format!("barrier/{name}/{generation}");
-        self.set(&format!("{base}/rank/{}", self.rank()), b"here")?;
+        self.set(&format!("{base}/rank/{rank}"), b"here")?;
         let done = format!("{base}/done");
-        if self.add(&format!("{base}/count"), 1)? == self.world_size as i64 {
+        if self.add(&format!("{base}/count"), 1)? == size as i64 {
             self.set(&done, b"")?;
         }
         match self.wait(&[&done]) {
             Err(CommError::Timeout { timeout, .. }) => {
-                let keys: Vec<String> = (0..self.world_size)
-                    .map(|r| format!("{base}/rank/{r}"))
-                    .collect();
+                let keys: Vec<String> = (0..size).map(|r| format!("{base}/rank/{r}")).collect();
                 let (arrived, missing) = self.client.present(&keys)?;
                 Err(CommError::Timeout {
-                    what: format!("barrier '{name}' on rank {}", self.rank()),
+                    what: format!("barrier '{name}' on rank {rank}"),
                     timeout,
                     detail: format!(
-                        "; arrived: ranks {} of {}; missing: ranks {} (did they fail or start late?)",
+                        "; arrived: ranks {} of {size}; missing: ranks {} (did they fail or start late?)",
                         rank_list(arrived),
-                        self.world_size,
                         rank_list(missing.iter().copied())
                     ),
                     missing,

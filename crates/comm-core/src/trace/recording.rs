@@ -115,6 +115,8 @@ enum Event {
         from: usize,
         to: usize,
         seq: u64,
+        /// The split's group whose ranks `from` and `to` are, if not the job's.
+        group: Option<std::sync::Arc<str>>,
         ts: f64,
         pid: usize,
         tid: usize,
@@ -141,13 +143,18 @@ impl Event {
                 from,
                 to,
                 seq,
+                group,
                 ts,
                 pid,
                 tid,
             } => {
                 let ph = if *start { "s" } else { "f" };
+                let id = match group {
+                    Some(group) => format!("{group}:{from}>{to}#{seq}"),
+                    None => format!("{from}>{to}#{seq}"),
+                };
                 let mut event = json!({"name": "message", "cat": "message", "ph": ph, "ts": ts,
-                                       "pid": pid, "tid": tid, "id": format!("{from}>{to}#{seq}")});
+                                       "pid": pid, "tid": tid, "id": id});
                 if !start {
                     event["bp"] = json!("e"); // the arrow ends at the enclosing slice
                 }
@@ -224,14 +231,22 @@ pub fn gpu_slice(name: String, start: f64, dur: f64, args: Args) {
 }
 
 /// The start (`ph: s`, on the sender at `ts`) or end (`ph: f`, on the receiver) of the arrow of
-/// message `seq` from rank `from` to rank `to`.
-pub fn arrow(start: bool, from: usize, to: usize, seq: u64, ts: f64) {
+/// message `seq` from rank `from` to rank `to` (`message`), ranks of the split's `group` if
+/// given, else of the job.
+pub fn arrow(
+    start: bool,
+    message: (usize, usize, u64),
+    group: Option<std::sync::Arc<str>>,
+    ts: f64,
+) {
     let (pid, tid) = place();
+    let (from, to, seq) = message;
     record(Event::Arrow {
         start,
         from,
         to,
         seq,
+        group,
         ts,
         pid,
         tid,

@@ -7,6 +7,7 @@ pub mod algorithms;
 mod channel;
 mod connected;
 mod context;
+pub mod link_plan;
 pub mod shm;
 mod tcp;
 mod traced;

@@ -1,8 +1,11 @@
 //! A transport that puts every send and receive in the trace ([`crate::trace`]): a slice with
 //! its byte count and peer, and an arrow from each message's send to its receive. Built only
 //! with `--trace`, around the transport that moves the bytes, so an untraced run pays nothing.
+//! A split's group (`tp 0`) puts its name before its slices' and in its arrows' ids, whose rank
+//! numbers are the group's.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::transport::{Sink, Transport};
 use crate::error::Result;
@@ -15,16 +18,27 @@ pub struct Traced {
     /// (each pair's messages arrive in order), which names its arrow.
     sent: Vec<AtomicU64>,
     received: Vec<AtomicU64>,
+    /// The split's group these links belong to, if any.
+    group: Option<Arc<str>>,
 }
 
 impl Traced {
-    /// Traces `inner`'s messages.
-    pub fn new(inner: Box<dyn Transport>) -> Traced {
+    /// Traces `inner`'s messages, those of the group named `group` if it is a split's.
+    pub fn new(inner: Box<dyn Transport>, group: Option<&str>) -> Traced {
         let n = inner.world_size();
         Traced {
             inner,
             sent: (0..n).map(|_| AtomicU64::new(0)).collect(),
             received: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            group: group.map(Arc::from),
+        }
+    }
+
+    /// A slice's name: `what`, after the group's name in a group (`tp 0: send to 1`).
+    fn named(&self, what: String) -> String {
+        match &self.group {
+            Some(group) => format!("{group}: {what}"),
+            None => what,
         }
     }
 
@@ -32,7 +46,7 @@ impl Traced {
     fn sending(&self, to: usize, span: &Span) {
         let seq = self.sent[to].fetch_add(1, Ordering::Relaxed);
         let ts = span.start().unwrap_or_else(trace::now);
-        trace::arrow(true, self.rank(), to, seq, ts);
+        trace::arrow(true, (self.rank(), to, seq), self.group.clone(), ts);
     }
 
     /// `exchange` (sending `bytes` to `to` while receiving from `from`) as one `sendrecv` slice,
@@ -50,7 +64,7 @@ impl Traced {
             from: Some(from),
             ..Args::bytes(bytes)
         };
-        let span = Span::slice("sendrecv", name).with_args(args);
+        let span = Span::slice("sendrecv", self.named(name)).with_args(args);
         self.sending(to, &span);
         let done = exchange();
         drop(span);
@@ -61,7 +75,7 @@ impl Traced {
     /// Ends the arrow of the next message from `from`.
     fn received(&self, from: usize, ts: f64) {
         let seq = self.received[from].fetch_add(1, Ordering::Relaxed);
-        trace::arrow(false, from, self.rank(), seq, ts);
+        trace::arrow(false, (from, self.rank(), seq), self.group.clone(), ts);
     }
 }
 
@@ -79,7 +93,8 @@ impl Transport for Traced {
             to: Some(peer),
             ..Args::bytes(data.len())
         };
-        let span = Span::slice("send", format!("send to {peer}")).with_args(args);
+        let name = self.named(format!("send to {peer}"));
+        let span = Span::slice("send", name).with_args(args);
         self.sending(peer, &span);
         self.inner.send(peer, data)
     }
@@ -89,7 +104,8 @@ impl Transport for Traced {
             from: Some(peer),
             ..Args::bytes(out.len())
         };
-        let span = Span::slice("recv", format!("receive from {peer}")).with_args(args);
+        let name = self.named(format!("receive from {peer}"));
+        let span = Span::slice("recv", name).with_args(args);
         let received = self.inner.recv(peer, out);
         drop(span);
         self.received(peer, trace::now());

@@ -28,7 +28,7 @@ use crate::store::Scoped;
 /// and its one stream.
 pub struct NcclBackend {
     pub(super) stream: Arc<CudaStream>,
-    comm: sys::ncclComm_t,
+    pub(super) comm: sys::ncclComm_t,
     pub(super) rank: usize,
     pub(super) world_size: usize,
     /// Whether NCCL still holds the communicator: abort and finalize free it, once, on this
@@ -38,7 +38,7 @@ pub struct NcclBackend {
     /// The NCCL version (ncclCommFinalize exists from 2.14).
     version: i32,
     /// Shown every call; ends the process if the rank is stuck inside NCCL past the timeout.
-    watchdog: Watchdog,
+    pub(super) watchdog: Watchdog,
     /// Batches this communicator is in, and its calls not waited for yet.
     batching: std::cell::Cell<Batching>,
     /// The one-element buffer barriers all-reduce, made at the first.
@@ -98,6 +98,18 @@ impl NcclBackend {
         ctx.bind_to_thread().map_err(cuda("binding the context"))?;
         let comm = init_rank(&ctx, world_size, id, rank, timeout)?;
         // ANCHOR_END: unique_id
+        Self::adopt(stream, comm, rank, world_size, timeout)
+    }
+
+    /// Takes charge of `comm`, a communicator NCCL just made (by init or by a split), whose
+    /// calls go on `stream`: its watchdog. On failure `comm` is aborted.
+    pub(super) fn adopt(
+        stream: Arc<CudaStream>,
+        comm: sys::ncclComm_t,
+        rank: usize,
+        world_size: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
         let version = result::get_nccl_version().unwrap_or(0);
         let watchdog = Watchdog::start(
             timeout,
@@ -130,7 +142,7 @@ impl NcclBackend {
         self.stream.cu_stream() as sys::cudaStream_t
     }
 
-    fn check_usable(&self) -> Result<()> {
+    pub(super) fn check_usable(&self) -> Result<()> {
         usable(self.live.get())
     }
 

@@ -20,8 +20,8 @@
 //! `collectives` (which NCCL function each call of the collective table is), `batch` (when calls
 //! are waited for), `group_safe` (NCCL's groups, per thread, and no buffer freed inside one),
 //! `events` (marks on the stream that time its work), `gpu_trace` (`--trace`'s slices of the
-//! GPU's own times) and `device` (which GPU a rank uses, and that no two ranks share one). The
-//! library is the bottom: the probe and the relink ask it, it asks neither.
+//! GPU's own times), `device` (which GPU a rank uses, and that no two ranks share one) and
+//! `split` (ncclCommSplit: a group's communicator). The library is the bottom: the probe and the relink ask it, it asks neither.
 
 mod batch;
 mod calls;
@@ -36,6 +36,7 @@ mod init;
 pub mod library;
 mod probe;
 pub mod relink;
+mod split;
 mod watchdog;
 
 pub use calls::NcclBackend;
