@@ -295,6 +295,12 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub world_sizes: Option<Vec<usize>>,
 
+    /// Measure on groups of this many consecutive ranks (Communicator::split, the
+    /// tensor-parallel groups of a mesh), every group at once: on 8 ranks, 2 makes four groups
+    /// and four collectives in flight together. The table is group 0's.
+    #[arg(long, value_name = "N")]
+    pub group_size: Option<usize>,
+
     /// Out-of-place, in-place or both (nccl-tests times both) [default: both].
     #[arg(long, value_enum, value_name = "WHICH")]
     pub placement: Option<Placements>,

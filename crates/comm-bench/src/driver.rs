@@ -443,7 +443,15 @@ fn rank_main(args: &BenchArgs, plan: &Plan, settings: &Settings, topology: Topol
             // skipped where this machine cannot run them.
             match job.communicator(choice).map(launch::announced) {
                 Ok(comm) => {
-                    measure_all(&comm, plan, nodes, local_ranks, &mut sink)?;
+                    match args.group_size {
+                        None => measure_all(&comm, plan, nodes, local_ranks, &mut sink, None)?,
+                        Some(size) => {
+                            let group = crate::groups::split(&comm, size)?;
+                            let all = Some(&comm);
+                            measure_all(&group, plan, nodes, local_ranks, &mut sink, all)?;
+                            group.close()?;
+                        }
+                    }
                     // Every rank is done with it: NCCL's clean end (a barrier, then finalize
                     // and destroy), so no rank tears its communicator down while a peer still
                     // runs the last collective.
@@ -526,13 +534,15 @@ fn describe(comm: &Communicator, collective: Collective) -> (String, String) {
     }
 }
 
-/// Every table of the plan on `comm`.
+/// Every table of the plan on `comm`; where `comm` is a group of `--group-size`, every group of
+/// `job` measures at once (see [`crate::groups`]).
 fn measure_all(
     comm: &Communicator,
     plan: &Plan,
     nodes: usize,
     local_ranks: usize,
     sink: &mut Sink,
+    job: Option<&Communicator>,
 ) -> comm_core::Result<()> {
     let (version, machine) = describe(comm, Collective::AllReduce);
     let mut info = RunInfo {
@@ -550,7 +560,8 @@ fn measure_all(
         per_iter_timing: u8::from(plan.per_iteration),
         started: record::utc_now(),
     };
-    let budget = memory_budget(comm, local_ranks)?;
+    // Over the whole job: every group skips the same sizes, and they meet before each case.
+    let budget = memory_budget(job.unwrap_or(comm), local_ranks)?;
     // nccl-tests rotates its buffers within the largest size (-e) it allocated; ours within the
     // largest size that fits, on GPUs only (see measure.rs's `rotation`).
     let rotate_within = match comm.device() {
@@ -596,8 +607,16 @@ fn measure_all(
                 root: plan.root,
                 bytes,
             };
+            if let Some(job) = job {
+                job.barrier()?; // every group starts the case together
+            }
             match measure(comm, &case, &opts, &mut stopwatch)? {
-                Some(m) => sink.send(Event::Line(Row::of(&info, &m)))?,
+                Some(mut m) => {
+                    if let Some(job) = job {
+                        crate::groups::every_groups_wrong(job, comm, &mut m)?;
+                    }
+                    sink.send(Event::Line(Row::of(&info, &m)))?
+                }
                 None => sink.send(Event::Skipped(None))?,
             }
         }

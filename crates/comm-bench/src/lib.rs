@@ -5,6 +5,7 @@
 //! - [`cli`]: the flags (nccl-tests' where they fit) and the presets of the course's runs
 //! - [`plan`]: flags → the sweep to run
 //! - [`measure`]: one collective at one size, timed and checked
+//! - [`groups`]: `--group-size`, the collectives on sub-communicators, every group at once
 //! - [`budget`]: which sizes fit in host and GPU memory, and the note for those that do not
 //! - [`driver`]: the parent that starts ranks per world size, and the ranks themselves
 //! - [`table`], [`record`]: nccl-tests' table; rows for CSV/JSON
@@ -22,6 +23,7 @@ pub mod course;
 pub mod driver;
 pub mod error;
 pub mod grids;
+pub mod groups;
 pub mod measure;
 pub mod model;
 pub mod plan;

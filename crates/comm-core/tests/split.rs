@@ -272,3 +272,50 @@ impl SpawnOutput for Command {
         std::thread::spawn(move || child.wait_with_output().unwrap())
     }
 }
+
+/// `--trace` names the groups: each group's calls and messages carry its name (`tp 0:
+/// all_reduce`), on the job rank's own track, and each group's arrows pair up by their own ids.
+#[test]
+fn a_trace_names_each_group() {
+    let dir = test_support::process::scratch("split-trace");
+    let file = dir.join("trace.json");
+    let trace = file.to_str().unwrap();
+    let (out, stdout, stderr) = split_check(4, &["--mesh", "2", "--trace", trace]);
+    succeeded(&out, &stdout, &stderr);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let events = json["traceEvents"].as_array().unwrap();
+    let named = |pid: u64, name: &str| {
+        events
+            .iter()
+            .any(|e| e["pid"] == pid && e["cat"] == "call" && e["name"] == name)
+    };
+    for rank in 0..4u64 {
+        let (row, column) = (rank / 2, rank % 2);
+        assert!(named(rank, &format!("tp {row}: all_reduce")), "rank {rank}");
+        assert!(
+            named(rank, &format!("dp {column}: all_reduce")),
+            "rank {rank}"
+        );
+    }
+    let mut ends = std::collections::BTreeMap::<String, (usize, usize)>::new();
+    for e in events.iter().filter(|e| e["cat"] == "message") {
+        let id = e["id"].as_str().unwrap().to_string();
+        let end = ends.entry(id).or_default();
+        match e["ph"].as_str() {
+            Some("s") => end.0 += 1,
+            _ => end.1 += 1,
+        }
+    }
+    assert!(
+        ends.keys().any(|id| id.starts_with("tp 1:")),
+        "{:?}",
+        ends.keys()
+    );
+    assert!(ends.keys().any(|id| id.starts_with("dp 0:")));
+    assert!(
+        ends.values().all(|&(s, f)| s == 1 && f == 1),
+        "unpaired arrows"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
