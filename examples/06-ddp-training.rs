@@ -11,53 +11,22 @@
 
 use clap::Parser;
 use comm_core::{launch, Collective, LaunchArgs};
-use training::{Config, Ddp, Shape};
+use training::{Ddp, TrainArgs};
 
 #[derive(Parser)]
 #[command(about = "Train a byte-level language model data-parallel, with bucketed all-reduce")]
 struct Args {
     #[command(flatten)]
     launch: LaunchArgs,
-    /// Training steps.
-    #[arg(long, default_value_t = 200)]
-    iters: usize,
-    /// Samples per rank per step (the global batch is ranks x this).
-    #[arg(long, default_value_t = 32)]
-    batch: usize,
-    /// Largest gradient bucket, in MB (DDP's bucket_cap_mb).
-    #[arg(long, default_value_t = 0.25)]
-    bucket_mb: f64,
-    /// Wait for the whole backward before starting the buckets' all-reduces.
-    #[arg(long)]
-    no_overlap: bool,
-    /// Width of the two hidden layers.
-    #[arg(long, default_value_t = 256)]
-    hidden: usize,
-    /// Bytes of context the model reads.
-    #[arg(long, default_value_t = 8)]
-    context: usize,
-    /// Floats per byte of context.
-    #[arg(long, default_value_t = 16)]
-    embed: usize,
-    /// SGD's learning rate (momentum 0.9).
-    #[arg(long, default_value_t = 0.1)]
-    lr: f32,
-    /// Seeds the weights and the shuffles.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Rank 0 prints the loss every this many steps (and after the last).
-    #[arg(long, default_value_t = 20)]
-    log_every: usize,
-    /// Write the initial weights, every rank's batches and the losses to DIR (python/ddp_twin.py).
-    #[arg(long, value_name = "DIR")]
-    dump: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    train: TrainArgs,
 }
 
 // ANCHOR: main
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let runs = [Collective::Broadcast, Collective::AllReduce];
-    let config = match config(&args) {
+    let config = match args.train.config() {
         Ok(config) => config,
         Err(e) => {
             eprintln!("error: {e}");
@@ -73,7 +42,7 @@ fn main() -> std::process::ExitCode {
         }
         for step in 0..config.iters {
             let loss = ddp.step(step)?; // forward, backward + bucket all-reduces, SGD
-            if rank == 0 && (step % args.log_every.max(1) == 0 || step + 1 == config.iters) {
+            if rank == 0 && args.train.logs(step) {
                 println!("step {step:>4}  loss {loss:.4}");
             }
         }
@@ -90,23 +59,3 @@ fn main() -> std::process::ExitCode {
     })
 }
 // ANCHOR_END: main
-
-fn config(args: &Args) -> comm_core::Result<Config> {
-    let config = Config {
-        shape: Shape {
-            context: args.context,
-            embed: args.embed,
-            hidden: args.hidden,
-        },
-        batch: args.batch,
-        iters: args.iters,
-        bucket_bytes: Config::bucket_bytes(args.bucket_mb)?,
-        overlap: !args.no_overlap,
-        lr: args.lr,
-        momentum: 0.9,
-        seed: args.seed,
-        dump: args.dump.clone(),
-    };
-    config.check()?;
-    Ok(config)
-}

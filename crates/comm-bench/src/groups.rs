@@ -14,7 +14,7 @@ use crate::measure::{Measured, Outcome};
 /// where `size` does not divide the job.
 pub fn split(comm: &Communicator, size: usize) -> Result<Communicator> {
     let n = comm.world_size();
-    if size == 0 || n % size != 0 {
+    if size == 0 || !n.is_multiple_of(size) {
         return Err(CommError::Usage(format!(
             "--group-size {size} on {n} ranks: give a size that divides {n} (groups of \
              consecutive ranks, all measured at once)"

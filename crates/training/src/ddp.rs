@@ -23,6 +23,7 @@ use comm_core::{AsyncComm, CommError, Communicator, ReduceOp, Result, Work};
 use crate::buckets::{self, Bucket};
 use crate::data::{Dataset, Sampler, COURSE};
 use crate::model::{Model, Shape};
+use crate::traffic::Traffic;
 
 /// What a run trains and how.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,20 +118,62 @@ pub struct Report {
     pub waited: Duration,
 }
 
-/// One rank's trainer: its weights, its share of the data, its buckets and its communicator.
-pub struct Ddp {
+/// What DDP trains: the layers of a model whose parameters are seven (in [`NAMES`] order, one
+/// flat vector), whose forward gives the batch's mean loss, and whose backward tells after each
+/// layer which parameters' gradients are complete. [`Model`] is the whole model on one rank;
+/// `tensor_parallel::TpModel` is this rank's shard of it, whose layers talk to the other shards.
+///
+/// [`NAMES`]: crate::model::NAMES
+pub trait Layers {
+    /// Each parameter's length on this rank.
+    fn lengths(&self) -> [usize; 7];
+    /// The mean loss of `samples`, keeping what backward needs.
+    fn forward(&mut self, params: &[f32], samples: &[&[u8]]) -> Result<f32>;
+    /// The last forward's gradients into `grads`, `ready` told after each layer.
+    fn backward(
+        &mut self,
+        params: &[f32],
+        grads: &mut [f32],
+        ready: &mut dyn FnMut(&[usize], &[f32]),
+    ) -> Result<()>;
+}
+
+impl Layers for Model {
+    fn lengths(&self) -> [usize; 7] {
+        self.shape().lengths()
+    }
+
+    fn forward(&mut self, params: &[f32], samples: &[&[u8]]) -> Result<f32> {
+        Ok(Model::forward(self, params, samples))
+    }
+
+    fn backward(
+        &mut self,
+        params: &[f32],
+        grads: &mut [f32],
+        ready: &mut dyn FnMut(&[usize], &[f32]),
+    ) -> Result<()> {
+        Model::backward(self, params, grads, ready);
+        Ok(())
+    }
+}
+
+/// One rank's trainer: its weights, its share of the data, its buckets and its communicator
+/// (the job's, or the data-parallel group's when the model is split: example 07).
+pub struct Ddp<M: Layers = Model> {
     config: Config,
     comm: AsyncComm,
     dataset: Dataset<'static>,
     sampler: Sampler,
-    model: Model,
+    model: M,
     params: Vec<f32>,
     grads: Vec<f32>,
     momentum: Vec<f32>,
     buckets: Vec<Bucket>,
     dump: Option<Dump>,
     time: Duration,
-    waited: Duration,
+    /// The all-reduces of the buckets and the loss: bytes, and time blocked in `wait`.
+    traffic: Traffic,
     steps: usize,
 }
 
@@ -145,6 +188,21 @@ impl Ddp {
     /// Sets a rank up: rank 0's weights broadcast to all, the buckets planned, the
     /// communication thread started with `comm`.
     pub fn new(comm: Communicator, config: &Config) -> Result<Ddp> {
+        // Every rank makes its own weights (seed + rank: they differ), then takes rank 0's.
+        let mine = config.shape.init(config.seed + comm.rank() as u64);
+        let model = Model::new(config.shape, config.batch);
+        Ddp::with_layers(comm, config, model, mine)
+    }
+}
+
+impl<M: Layers> Ddp<M> {
+    /// [`Ddp::new`] for `layers`, this rank's weights `mine` (rank 0's are broadcast to all).
+    pub fn with_layers(
+        comm: Communicator,
+        config: &Config,
+        layers: M,
+        mine: Vec<f32>,
+    ) -> Result<Ddp<M>> {
         config.check()?;
         let (rank, world) = (comm.rank(), comm.world_size());
         let dataset = Dataset::new(COURSE.as_bytes(), config.shape.context).ok_or_else(|| {
@@ -162,8 +220,6 @@ impl Ddp {
             )));
         }
         let comm = AsyncComm::start(comm)?;
-        // Every rank makes its own weights (seed + rank: they differ), then takes rank 0's.
-        let mine = config.shape.init(config.seed + rank as u64);
         let params = comm
             .broadcast("broadcast rank 0's weights", mine, 0)
             .wait()?;
@@ -173,8 +229,8 @@ impl Ddp {
             dump = Some(Dump::start(dir, rank, world, config, &params)?);
         }
         Ok(Ddp {
-            buckets: buckets::plan(&config.shape.lengths(), config.bucket_bytes),
-            model: Model::new(config.shape, config.batch),
+            buckets: buckets::plan(&layers.lengths(), config.bucket_bytes),
+            model: layers,
             config: config.clone(),
             comm,
             dataset,
@@ -184,7 +240,7 @@ impl Ddp {
             momentum: vec![0.0; n],
             dump,
             time: Duration::ZERO,
-            waited: Duration::ZERO,
+            traffic: Traffic::default(),
             steps: 0,
         })
     }
@@ -235,13 +291,13 @@ impl Ddp {
             dump.batch(&samples)?;
         }
         let span = Span::slice("compute", "forward");
-        let loss = self.model.forward(&self.params, &samples);
+        let loss = self.model.forward(&self.params, &samples)?;
         drop(span);
 
         // Backward, a layer at a time; each bucket's all-reduce starts once it is full.
         let world = self.comm.world_size() as f32;
-        let (offsets, _) = self.config.shape.offsets();
-        let lengths = self.config.shape.lengths();
+        let lengths = self.model.lengths();
+        let offsets = offsets_of(&lengths);
         let mut ready = [false; 7];
         let mut works: Vec<Option<Work<Vec<f32>>>> = self.buckets.iter().map(|_| None).collect();
         let (comm, buckets, overlap) = (&self.comm, &self.buckets, self.config.overlap);
@@ -256,14 +312,14 @@ impl Ddp {
             comm.all_reduce(what, values, ReduceOp::Sum)
         };
         self.model
-            .backward(&self.params, &mut self.grads, |params, grads| {
+            .backward(&self.params, &mut self.grads, &mut |params, grads| {
                 params.iter().for_each(|&p| ready[p] = true);
                 for (k, bucket) in buckets.iter().enumerate() {
                     if overlap && works[k].is_none() && bucket.params.iter().all(|&p| ready[p]) {
                         works[k] = Some(start_bucket(k, grads));
                     }
                 }
-            });
+            })?;
         for (k, work) in works.iter_mut().enumerate() {
             if work.is_none() {
                 *work = Some(start_bucket(k, &self.grads));
@@ -278,11 +334,15 @@ impl Ddp {
             let span = Span::slice("wait", format!("wait for bucket {k}"));
             let (reduced, waited) = work.expect("every bucket started").wait_timed();
             drop(span);
-            self.waited += waited;
+            self.traffic.waited += waited;
+            self.traffic.calls += 1;
+            self.traffic.bytes += (self.buckets[k].len * std::mem::size_of::<f32>()) as u64;
             self.buckets[k].scatter(&reduced?, &mut self.grads, &offsets, &lengths);
         }
         let (loss, waited) = loss_work.wait_timed();
-        self.waited += waited;
+        self.traffic.waited += waited;
+        self.traffic.calls += 1;
+        self.traffic.bytes += std::mem::size_of::<f32>() as u64;
         let loss = loss?[0];
 
         self.optimizer_step();
@@ -310,20 +370,41 @@ impl Ddp {
         }
     }
 
+    /// The layers it trains.
+    pub fn layers(&self) -> &M {
+        &self.model
+    }
+
+    /// What its all-reduces (buckets and loss) moved and cost so far.
+    pub fn traffic(&self) -> Traffic {
+        self.traffic
+    }
+
+    /// Steps taken.
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
     /// Ends the run: what this rank measured, and its communicator back.
     pub fn finish(self) -> Result<(Communicator, Report)> {
+        self.finish_with_layers()
+            .map(|(comm, _, report)| (comm, report))
+    }
+
+    /// [`finish`](Self::finish), giving the layers back too.
+    pub fn finish_with_layers(self) -> Result<(Communicator, M, Report)> {
         let steps = self.steps.max(1) as u32;
         let report = Report {
             checksum: checksum(&self.params),
             tokens_per_s: (self.steps * self.config.batch) as f64
                 / self.time.as_secs_f64().max(1e-9),
             step: self.time / steps,
-            waited: self.waited / steps,
+            waited: self.traffic.waited / steps,
         };
         if let Some(dump) = self.dump {
             dump.finish(self.comm.rank(), &self.params)?;
         }
-        Ok((self.comm.finish()?, report))
+        Ok((self.comm.finish()?, self.model, report))
     }
 }
 
@@ -381,6 +462,15 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
 
 fn write(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     std::fs::write(path, bytes).map_err(|e| CommError::io(format!("writing {}", path.display()), e))
+}
+
+/// Where each parameter of `lengths` starts in the flat vector.
+fn offsets_of(lengths: &[usize; 7]) -> [usize; 7] {
+    let mut offsets = [0; 7];
+    for p in 1..7 {
+        offsets[p] = offsets[p - 1] + lengths[p - 1];
+    }
+    offsets
 }
 
 /// A checksum of the weights (FNV-1a over their bits): equal on every rank when they agree.

@@ -107,6 +107,11 @@ impl Model {
         }
     }
 
+    /// The shape it was made for.
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
     /// The mean cross-entropy of predicting `samples`' last byte from the ones before it (each
     /// sample `context + 1` bytes), keeping what backward needs.
     pub fn forward(&mut self, params: &[f32], samples: &[&[u8]]) -> f32 {
@@ -118,31 +123,11 @@ impl Model {
         let b = self.batch;
         assert_eq!(samples.len(), b, "a batch of {b} samples");
         let p = self.parts(params);
-        for (i, s) in samples.iter().enumerate() {
-            self.x[i * c..(i + 1) * c].copy_from_slice(&s[..c]);
-            self.y[i] = s[c];
-            for (k, &byte) in s[..c].iter().enumerate() {
-                let row = &p[0][byte as usize * d..(byte as usize + 1) * d];
-                self.e[i * c * d + k * d..i * c * d + (k + 1) * d].copy_from_slice(row);
-            }
-        }
+        embed(p[0], samples, (c, d), &mut self.x, &mut self.y, &mut self.e);
         dense(b, c * d, h, &self.e, p[1], p[2], &mut self.h1, true);
         dense(b, h, h, &self.h1, p[3], p[4], &mut self.h2, true);
         dense(b, h, VOCAB, &self.h2, p[5], p[6], &mut self.probs, false);
-        let mut loss = 0.0f64;
-        for (row, &y) in self.probs.chunks_mut(VOCAB).zip(&self.y) {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0f32;
-            for v in row.iter_mut() {
-                *v = (*v - max).exp();
-                sum += *v;
-            }
-            for v in row.iter_mut() {
-                *v /= sum;
-            }
-            loss -= f64::from(row[y as usize].max(f32::MIN_POSITIVE).ln());
-        }
-        (loss / b as f64) as f32
+        softmax_cross_entropy(&mut self.probs, &self.y)
     }
 
     /// The gradient of the last forward's loss into `grads` (as long as the parameters), a layer
@@ -165,12 +150,7 @@ impl Model {
         let (offsets, _) = self.shape.offsets();
         let lens = self.shape.lengths();
         let range = |i: usize| offsets[i]..offsets[i] + lens[i];
-        // Softmax minus one-hot, over the batch: the gradient at the logits.
-        let mut dlogits = self.probs.clone();
-        for (row, &y) in dlogits.chunks_mut(VOCAB).zip(&self.y) {
-            row[y as usize] -= 1.0;
-            row.iter_mut().for_each(|v| *v /= b as f32);
-        }
+        let dlogits = logits_gradient(&self.probs, &self.y);
         // Layer 3: logits = h2 @ w3 + b3.
         let span = Span::slice("compute", "backward layer 3 (w3, b3)");
         let dh2 = dense_backward(
@@ -196,15 +176,7 @@ impl Model {
         let span = Span::slice("compute", "backward layer 1 (w1, b1, emb)");
         let da1 = tanh_backward(dh1, &self.h1);
         let de = dense_backward(b, c * d, h, &self.e, p[1], &da1, grads, range(1), range(2));
-        let demb = &mut grads[range(0)];
-        demb.fill(0.0);
-        for (i, bytes) in self.x.chunks(c).enumerate() {
-            for (k, &byte) in bytes.iter().enumerate() {
-                let from = &de[i * c * d + k * d..i * c * d + (k + 1) * d];
-                let to = &mut demb[byte as usize * d..(byte as usize + 1) * d];
-                to.iter_mut().zip(from).for_each(|(t, f)| *t += f);
-            }
-        }
+        embedding_backward(&self.x, &de, (c, d), &mut grads[range(0)]);
         drop(span);
         ready(&[2, 1, 0], grads);
     }
@@ -222,9 +194,71 @@ impl Model {
     }
 }
 
+/// Each sample's context bytes into `x` and its next byte into `y`, and the bytes' rows of the
+/// embedding table `emb` side by side into `e` (`c` bytes of context, `d` floats a byte).
+pub(crate) fn embed(
+    emb: &[f32],
+    samples: &[&[u8]],
+    (c, d): (usize, usize),
+    x: &mut [u8],
+    y: &mut [u8],
+    e: &mut [f32],
+) {
+    for (i, s) in samples.iter().enumerate() {
+        x[i * c..(i + 1) * c].copy_from_slice(&s[..c]);
+        y[i] = s[c];
+        for (k, &byte) in s[..c].iter().enumerate() {
+            let row = &emb[byte as usize * d..(byte as usize + 1) * d];
+            e[i * c * d + k * d..i * c * d + (k + 1) * d].copy_from_slice(row);
+        }
+    }
+}
+
+/// The logits in `probs` become probabilities (softmax, row by row); returns the mean
+/// cross-entropy of the right bytes `y`.
+pub(crate) fn softmax_cross_entropy(probs: &mut [f32], y: &[u8]) -> f32 {
+    let mut loss = 0.0f64;
+    for (row, &y) in probs.chunks_mut(VOCAB).zip(y) {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f32;
+        for v in row.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        for v in row.iter_mut() {
+            *v /= sum;
+        }
+        loss -= f64::from(row[y as usize].max(f32::MIN_POSITIVE).ln());
+    }
+    (loss / y.len() as f64) as f32
+}
+
+/// Softmax minus one-hot, over the batch: the gradient of the mean loss at the logits.
+pub(crate) fn logits_gradient(probs: &[f32], y: &[u8]) -> Vec<f32> {
+    let mut dlogits = probs.to_vec();
+    for (row, &y_i) in dlogits.chunks_mut(VOCAB).zip(y) {
+        row[y_i as usize] -= 1.0;
+        row.iter_mut().for_each(|v| *v /= y.len() as f32);
+    }
+    dlogits
+}
+
+/// The embedding table's gradient `demb` from the gradient `de` at the looked-up rows: each
+/// byte of context `x` adds its row of `de` to its byte's row.
+pub(crate) fn embedding_backward(x: &[u8], de: &[f32], (c, d): (usize, usize), demb: &mut [f32]) {
+    demb.fill(0.0);
+    for (i, bytes) in x.chunks(c).enumerate() {
+        for (k, &byte) in bytes.iter().enumerate() {
+            let from = &de[i * c * d + k * d..i * c * d + (k + 1) * d];
+            let to = &mut demb[byte as usize * d..(byte as usize + 1) * d];
+            to.iter_mut().zip(from).for_each(|(t, f)| *t += f);
+        }
+    }
+}
+
 /// `out [m, n] = x [m, k] @ w [k, n] + bias`, then tanh where `tanh`.
 #[allow(clippy::too_many_arguments)]
-fn dense(
+pub(crate) fn dense(
     m: usize,
     k: usize,
     n: usize,
@@ -246,7 +280,7 @@ fn dense(
 /// The gradients of `out = x @ w + b` given `dout` [m, n]: dw = xᵀ @ dout and db = the column
 /// sums of dout into `grads` (their ranges), and dx = dout @ wᵀ, returned.
 #[allow(clippy::too_many_arguments)]
-fn dense_backward(
+pub(crate) fn dense_backward(
     m: usize,
     k: usize,
     n: usize,
@@ -271,14 +305,14 @@ fn dense_backward(
 }
 
 /// The gradient through tanh: d · (1 − out²).
-fn tanh_backward(mut d: Vec<f32>, out: &[f32]) -> Vec<f32> {
+pub(crate) fn tanh_backward(mut d: Vec<f32>, out: &[f32]) -> Vec<f32> {
     d.iter_mut().zip(out).for_each(|(g, y)| *g *= 1.0 - y * y);
     d
 }
 
 /// `c [m, n] = a [m, k] @ b [k, n] + beta · c`, `a` and `b` given with their row and column
 /// strides (a transposed matrix is its stored one with the strides swapped); `c` row-major.
-fn gemm(
+pub(crate) fn gemm(
     m: usize,
     k: usize,
     n: usize,
