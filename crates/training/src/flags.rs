@@ -72,6 +72,6 @@ impl TrainArgs {
 
     /// Whether rank 0 prints step `step`'s loss.
     pub fn logs(&self, step: usize) -> bool {
-        step % self.log_every.max(1) == 0 || step + 1 == self.iters
+        step.is_multiple_of(self.log_every.max(1)) || step + 1 == self.iters
     }
 }
