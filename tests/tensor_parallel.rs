@@ -131,10 +131,10 @@ fn each_group_moves_what_the_split_says() {
         "{stdout}"
     );
     let dp_kb = (shard * 4 + 4) as f64 / 1024.0;
-    let step = format!("tp 0: 2 all-reduces, 6.0 KB, waited ");
+    let step = "tp 0: 2 all-reduces, 6.0 KB, waited ";
     let dp = format!("dp 0: 2 all-reduces, {dp_kb:.1} KB, waited ");
     let line = stdout.lines().find(|l| l.starts_with("step    3")).unwrap();
-    assert!(line.contains(&step) && line.contains(&dp), "{line}\n{dp}");
+    assert!(line.contains(step) && line.contains(&dp), "{line}\n{dp}");
     assert!(stdout.contains("transport (tp 0): ") && stdout.contains("transport (dp 0): "));
     std::fs::remove_dir_all(&dir).unwrap();
 }
