@@ -58,6 +58,12 @@ const C10D_TRAIN: [&str; 2] = [
 const TWIN: &str = "torchrun --standalone --nproc_per_node=2 python/ddp_twin.py target/ddp-twin";
 /// The Rust run whose weights, batches and losses the twin reads (a setup line of its block).
 const TWIN_DUMP: &str = "target/release/06-ddp-training -n 2 --iters 30 --dump target/ddp-twin";
+/// Example 07's PyTorch twin: init_device_mesh and a hand-written column/row-parallel MLP, DDP
+/// over each data-parallel group, on Gloo, on what [`TP_TWIN_DUMP`] wrote.
+const TP_TWIN: &str = "torchrun --standalone --nproc_per_node=4 python/tp_twin.py target/tp-twin";
+/// The Rust run the tensor-parallel twin reads (a setup line of its block).
+const TP_TWIN_DUMP: &str =
+    "target/release/07-tensor-parallel -n 4 --tp 2 --iters 30 --dump target/tp-twin";
 const RESTARTS: &str = "torchrun --standalone --nproc_per_node=4 --max-restarts 2 --no-python scripts/fail-first-attempt.sh target/release/01-broadcast";
 const BENCH: &str = "torchrun --standalone --nproc_per_node=2 --no-python target/release/comm-bench -b 1K -e 64K -n 5 -w 1";
 
@@ -92,6 +98,7 @@ fn cases() -> Vec<Case> {
             per_node: 2,
         },
         one(TWIN, 2),
+        one(TP_TWIN, 4),
     ]
 }
 
@@ -466,6 +473,33 @@ fn the_pytorch_twin_follows_the_same_loss_curve() {
     );
 }
 
+/// The tensor-parallel twin (init_device_mesh, Megatron's f and g by hand, DDP over dp, on Gloo
+/// under the real torchrun) trains from the Rust run's shards on its batches and gets the same
+/// loss curve and final shards, within the tolerance it states.
+#[test]
+fn the_tensor_parallel_twin_follows_the_same_loss_curve() {
+    if torch::or_skip("the PyTorch twin of example 07").is_none() {
+        return;
+    }
+    let bin = the_one_build();
+    let dump = process::start(
+        std::process::Command::new(bin.join("07-tensor-parallel"))
+            .args(TP_TWIN_DUMP.split_whitespace().skip(1))
+            .current_dir(workspace_root())
+            .plainly(),
+    )
+    .finish(LIMIT);
+    dump.assert_success(TP_TWIN_DUMP);
+    let Some(ran) = run(&[TP_TWIN]) else {
+        return;
+    };
+    let stdout = ran.stdout();
+    assert!(
+        stdout.contains("twin: 30 steps on dp 2 x tp 2") && stdout.contains(": same curve"),
+        "{stdout}"
+    );
+}
+
 /// Every line of a bash block that runs torchrun (`torchrun …`, or after variables or `srun`) in
 /// README.md, slurm/README.md and the book's chapters, and the other lines of such blocks, by
 /// file: continuation lines joined, comments dropped, spaces collapsed. A chapter's exercise is
@@ -533,11 +567,12 @@ fn commands(block: &str) -> Vec<String> {
 /// The lines beside torchrun commands in the docs' blocks, each done by these tests: the one
 /// build command ([`the_one_build`]), torch's install (where torch is found, it is a no-op; CI
 /// runs it), and the environment's activation (torchrun run from its `bin`).
-const SETUP: [&str; 4] = [
+const SETUP: [&str; 5] = [
     "cargo build --release",
     "bash scripts/torch-env.sh install",
     "source \"$(scripts/torch-env.sh dir)/bin/activate\"",
     TWIN_DUMP,
+    TP_TWIN_DUMP,
 ];
 
 /// The docs show the commands these tests run, and only those, as torchrun commands: a command
