@@ -8,7 +8,7 @@
 //! tp group form a data-parallel group, each reading its share of the batch, DDP over it.
 
 use clap::Parser;
-use comm_core::{launch, Collective, LaunchArgs, Mesh};
+use comm_core::{launch, Collective, LaunchArgs, Mesh, Named, Order};
 use training::tensor_parallel::{shard_lengths, Trainer};
 use training::TrainArgs;
 
@@ -23,6 +23,10 @@ struct Args {
     /// must be a multiple of it, and --hidden too.
     #[arg(long, default_value_t = 2)]
     tp: usize,
+    /// The mesh's dimensions, outermost first (init_device_mesh's mesh_dim_names): dp,tp puts
+    /// each tensor-parallel group on consecutive ranks; tp,dp puts it across them (across nodes).
+    #[arg(long, default_value = "dp,tp", value_parser = ["dp,tp", "tp,dp"])]
+    mesh: String,
 }
 
 // ANCHOR: main
@@ -39,10 +43,11 @@ fn main() -> std::process::ExitCode {
     launch::run_job(&args.launch, &runs, None, |job| {
         let comm = launch::announced(job.communicator(args.launch.backend)?);
         let (rank, n, tp) = (comm.rank(), comm.world_size(), args.tp);
-        let mesh = Mesh::new(&comm, n / tp, tp)?; // tp: consecutive ranks; dp: across them
+        let order = Order::from_name(&args.mesh).unwrap_or_default();
+        let mesh = Mesh::ordered(&comm, n / tp, tp, order)?; // dp,tp: tp groups within a node
         let mut trainer = Trainer::new(mesh, &config)?; // my shard; DDP over my dp group
         if rank == 0 {
-            println!("{}", trainer.describe(n / tp, tp));
+            println!("{}", trainer.describe(n / tp, tp, order));
         }
         let ((i, j), names) = trainer.place();
         let names = (names.0.to_string(), names.1.to_string());

@@ -52,7 +52,7 @@ pub use error::{CommError, Result};
 pub use failure_record::{report_failure, ErrorRecord};
 pub use job::Job;
 pub use launch::run;
-pub use mesh::Mesh;
+pub use mesh::{Mesh, Order};
 pub use named::Named;
 pub use settings::{JobArgs, LaunchArgs, Settings};
 pub use topology::Topology;

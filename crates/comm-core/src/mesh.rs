@@ -15,9 +15,47 @@
 //! rank per row, across nodes. Megatron-LM's `initialize_model_parallel` makes the same
 //! groups. Each is a [`Communicator::split`] of the parent: color the row (or column), key the
 //! place in it.
+//!
+//! [`Order::TpOuter`] swaps the dimensions, as `init_device_mesh(..., (tp, dp),
+//! mesh_dim_names=("tp", "dp"))` does: then the data-parallel groups are the consecutive ranks
+//! and each tensor-parallel group spans the nodes (what one should not do, measured in the book).
 
 use crate::comm::Communicator;
+use crate::named::Named;
 use crate::error::{CommError, Result};
+
+/// Which dimension of the mesh is the innermost (on consecutive ranks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Order {
+    /// `(dp, tp)`: tensor-parallel groups of consecutive ranks (within a node), Megatron's.
+    #[default]
+    TpInner,
+    /// `(tp, dp)`: data-parallel groups of consecutive ranks, tensor-parallel ones across them.
+    TpOuter,
+}
+
+impl Named for Order {
+    const ALL: &'static [Self] = &[Self::TpInner, Self::TpOuter];
+
+    fn name(self) -> &'static str {
+        match self {
+            Order::TpInner => "dp,tp",
+            Order::TpOuter => "tp,dp",
+        }
+    }
+}
+
+impl Order {
+    /// Where rank `rank` of a `dp × tp` mesh in this order sits: (its row, i.e. its rank in its
+    /// data-parallel group and the number of its tensor-parallel group; its column, its rank in
+    /// its tensor-parallel group and the number of its data-parallel group).
+    pub fn place(self, rank: usize, dp: usize, tp: usize) -> (usize, usize) {
+        match self {
+            Order::TpInner => (rank / tp, rank % tp),
+            Order::TpOuter => (rank % dp, rank / dp),
+        }
+    }
+}
 
 /// This rank's two groups in a `dp × tp` mesh (see the module's documentation).
 pub struct Mesh {
@@ -31,6 +69,11 @@ impl Mesh {
     /// Splits `parent` into a `dp × tp` mesh: every rank of it calls this with the same shape
     /// (ranks given different shapes fail at once, saying so). `dp · tp` must be its size.
     pub fn new(parent: &Communicator, dp: usize, tp: usize) -> Result<Mesh> {
+        Mesh::ordered(parent, dp, tp, Order::TpInner)
+    }
+
+    /// [`Mesh::new`] with the dimensions in `order`, outermost first.
+    pub fn ordered(parent: &Communicator, dp: usize, tp: usize, order: Order) -> Result<Mesh> {
         let n = parent.world_size();
         if dp == 0 || tp == 0 || dp * tp != n {
             return Err(CommError::Usage(format!(
@@ -40,8 +83,8 @@ impl Mesh {
             )));
         }
         let r = parent.rank();
-        let (row, column) = (r / tp, r % tp);
-        let what = format!("a mesh of dp {dp} x tp {tp}");
+        let (row, column) = order.place(r, dp, tp);
+        let what = format!("a mesh of dp {dp} x tp {tp} ({})", order.name());
         let group = |dim: &str, color: usize, key: usize| {
             let split = parent.split_for(&what, dim, color as i32, key as i32)?;
             split.ok_or_else(|| CommError::Peer(format!("no {dim} group for rank {r}")))

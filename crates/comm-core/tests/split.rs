@@ -245,7 +245,7 @@ fn ranks_given_different_meshes_fail_at_once_naming_both() {
         assert!(!ended.status.success(), "rank {rank}: {stderr}");
         assert!(
             stderr.contains(
-                "rank 0 splits for a mesh of dp 1 x tp 2 but rank 1 for a mesh of dp 2 x tp 1"
+                "rank 0 splits for a mesh of dp 1 x tp 2 (dp,tp) but rank 1 for a mesh of dp 2 x tp 1 (dp,tp)"
             ),
             "rank {rank}: {stderr}"
         );

@@ -25,7 +25,7 @@
 use std::time::Instant;
 
 use comm_core::trace::Span;
-use comm_core::{CommError, Communicator, Mesh, ReduceOp, Result};
+use comm_core::{CommError, Communicator, Mesh, Order, ReduceOp, Result};
 
 use crate::ddp::{Config, Ddp, Layers, Report};
 use crate::model::{
@@ -301,14 +301,20 @@ impl Trainer {
     }
 
     /// What rank 0 prints first: the split and the sizes each group moves.
-    pub fn describe(&self, dp: usize, tp: usize) -> String {
+    pub fn describe(&self, dp: usize, tp: usize, order: Order) -> String {
         let lengths = self.ddp.layers().lengths();
         let shard: usize = lengths.iter().sum();
         let mut lines = self.lines.clone();
-        lines.push(format!(
-            "mesh: dp {dp} x tp {tp}: tensor-parallel groups of {tp} consecutive ranks, \
-             data-parallel groups of the ranks at the same place in them"
-        ));
+        lines.push(match order {
+            Order::TpInner => format!(
+                "mesh: dp {dp} x tp {tp} (dp,tp): tensor-parallel groups of {tp} consecutive \
+                 ranks (within a node), data-parallel groups across them"
+            ),
+            Order::TpOuter => format!(
+                "mesh: dp {dp} x tp {tp} (tp,dp): data-parallel groups of {dp} consecutive ranks \
+                 (within a node), tensor-parallel groups across them"
+            ),
+        });
         lines.push(format!(
             "model: w1 column-parallel, w2 row-parallel over each tp group: {} of the {} hidden \
              units and {shard} parameters a rank",

@@ -7,8 +7,10 @@
 //!   α–β fit among comm-bench's models
 //! - [`system`]: the cluster's description (TOML) and the stand-in for NCCL's topology search
 //! - [`calibrate`]: the least-squares fit of the two scales to a measured CSV
+//! - [`layouts`]: where a tensor- and data-parallel job's groups go, inside nodes or across
 
 pub mod calibrate;
+pub mod layouts;
 pub mod system;
 
 use std::path::PathBuf;
@@ -81,6 +83,24 @@ pub struct PredictArgs {
     /// Multiply every latency of the model by this [default: the system's, 1].
     #[arg(long, value_name = "X")]
     pub lat_scale: Option<f64>,
+
+    /// Compare where a tensor- and data-parallel job's groups go, for a transformer of this size
+    /// (1.3B, 7B, 13B, 30B, 70B, or LAYERSxHIDDEN): tensor parallel inside each node or across
+    /// nodes, at 2 to 64 nodes, per training step.
+    #[arg(long, value_name = "MODEL")]
+    pub layouts: Option<String>,
+
+    /// With --layouts: ranks in each tensor-parallel group [default: the node's GPUs].
+    #[arg(long, value_name = "N", requires = "layouts")]
+    pub tp: Option<usize>,
+
+    /// With --layouts: tokens in a sequence.
+    #[arg(long, value_name = "TOKENS", default_value_t = 4096)]
+    pub seq: usize,
+
+    /// With --layouts: sequences per data-parallel rank in a step.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub micro_batch: usize,
 }
 
 /// `--collectives`' help: the collectives NCCL's model covers, as its table names them.
@@ -101,6 +121,9 @@ struct Line {
 /// Runs `comm-bench predict`: prints the tables, writes what was asked for.
 pub fn run(args: &PredictArgs) -> Result<(), BenchError> {
     let mut system = resolve(args)?;
+    if let Some(model) = &args.layouts {
+        return layouts::run(&system, args, model);
+    }
     let collectives = collectives(args)?;
     let sizes = units::sizes(
         &args.sweep,
