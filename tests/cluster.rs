@@ -396,6 +396,7 @@ fn slurm_across_nodes(bin: &Path) {
     if torch::or_skip("07-torchrun.sbatch across the box").is_some() {
         others.push(torchrun);
     }
+    others.push("sbatch --wait slurm/11-tensor-parallel.sbatch --iters 20");
     let outputs: Vec<(&str, Output, String)> = others
         .iter()
         .map(|line| {
@@ -437,6 +438,8 @@ fn slurm_across_nodes(bin: &Path) {
             "on 2 node(s) (node[0-1]), 4 ranks per node"
         } else if line.contains("torchrun") {
             "on 2 node(s) (node[0-1]), 4 ranks per node, started by torchrun"
+        } else if line.contains("tensor-parallel") {
+            "07-tensor-parallel on 2 node(s) (node[0-1]), 4 ranks per node"
         } else {
             "comm-bench sweep on node[0-1], 4 ranks per node"
         };
@@ -454,6 +457,36 @@ fn slurm_across_nodes(bin: &Path) {
         "{}",
         String::from_utf8_lossy(&stopped.stderr)
     );
+}
+
+/// `scripts/tp-layouts.sh` as the chapter runs it, shorter (few steps of a small model): its
+/// table has both layouts, each with a step time and a waiting share. What it measured is
+/// printed, never asserted.
+fn tp_layouts(bin: &Path) {
+    let line = "sudo scripts/tp-layouts.sh";
+    let mut c = as_written(line, "", bin);
+    c.envs([
+        ("BIN_DIR", bin.to_str().unwrap()),
+        ("ITERS", "6"),
+        ("BATCH", "32"),
+        ("HIDDEN", "64"),
+    ]);
+    let out = start(&mut c).finish(Duration::from_secs(120));
+    out.assert_success(line);
+    eprintln!("{}", out.stdout);
+    for layout in [
+        "| dp,tp: tp inside each node, dp across |",
+        "| tp,dp: tp across the link, dp inside |",
+    ] {
+        let row = out.stdout.lines().find(|l| l.starts_with(layout));
+        let row = row.unwrap_or_else(|| panic!("no row {layout} in\n{}", out.stdout));
+        let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+        assert_eq!(cells.len(), 6, "{row}");
+        for cell in &cells[2..5] {
+            assert!(cell.parse::<f64>().is_ok_and(|v| v >= 0.0), "{row}");
+        }
+        assert!(cells[5].ends_with('%'), "{row}");
+    }
 }
 
 #[test]
@@ -492,6 +525,7 @@ fn the_course_runs_across_a_cluster_in_a_box() {
             seed_003(&bin);
         }
         sweep_and_model(&bin);
+        tp_layouts(&bin);
         if Command::new("sh")
             .args(["-c", "command -v slurmctld"])
             .output()

@@ -202,6 +202,38 @@ const JOBS: &[Job] = &[
             assert!(sums.iter().all(|s| *s == sums[0]), "{sums:?}");
         },
     },
+    // Example 07 on 2 nodes x 4 ranks: tensor parallel inside each node, data parallel across;
+    // the shards' checksums equal across the nodes, each group's traffic printed.
+    Job {
+        name: "07-tensor-parallel",
+        script: "slurm/11-tensor-parallel.sbatch",
+        must_fail: false,
+        needs: &["07-tensor-parallel"],
+        options: &[],
+        env: &[],
+        args: &["--iters", "20", "--log-every", "10"],
+        check: |c| {
+            let out = &c.output;
+            assert!(
+                out.contains("on 2 node(s) (node[1-2]), 4 ranks per node"),
+                "{out}"
+            );
+            assert!(out.contains("mesh: dp 2 x tp 4 (dp,tp)"), "{out}");
+            assert!(out.contains("step   19  loss "), "{out}");
+            let mut sums: Vec<(usize, String)> = out
+                .lines()
+                .filter_map(|l| {
+                    let (_, rest) = l.split_once(", tp rank ")?;
+                    let (j, rest) = rest.split_once("): weights ")?;
+                    Some((j.parse().ok()?, rest.split(',').next()?.to_string()))
+                })
+                .collect();
+            sums.sort();
+            assert_eq!(sums.len(), 8, "{out}");
+            // Shard j is on rank j of each node: the same weights on both.
+            assert!(sums.chunks(2).all(|p| p[0].1 == p[1].1), "{sums:?}");
+        },
+    },
     Job {
         name: "03-multinode-2x1",
         script: "slurm/03-multinode-2x1.sbatch",

@@ -21,8 +21,8 @@
 //! and each tensor-parallel group spans the nodes (what one should not do, measured in the book).
 
 use crate::comm::Communicator;
-use crate::named::Named;
 use crate::error::{CommError, Result};
+use crate::named::Named;
 
 /// Which dimension of the mesh is the innermost (on consecutive ranks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

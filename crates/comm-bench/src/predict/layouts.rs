@@ -213,9 +213,15 @@ mod tests {
                 hidden: 4096
             }
         );
-        assert_eq!(ModelSize::parse("2x64").unwrap().parameters(), 12.0 * 2.0 * 4096.0);
+        assert_eq!(
+            ModelSize::parse("2x64").unwrap().parameters(),
+            12.0 * 2.0 * 4096.0
+        );
         let e = ModelSize::parse("huge").unwrap_err().to_string();
-        assert!(e.contains("--layouts huge: name a model size (1.3B, 7B"), "{e}");
+        assert!(
+            e.contains("--layouts huge: name a model size (1.3B, 7B"),
+            "{e}"
+        );
     }
 
     /// The groups' spans follow the mesh's order: on 2 nodes of 4 GPUs with tp 4, Megatron's
@@ -245,7 +251,10 @@ mod tests {
         for nodes in NODES {
             let inner = step_cost(&system, model, &step, nodes, 4, Order::TpInner);
             let outer = step_cost(&system, model, &step, nodes, 4, Order::TpOuter);
-            assert!(outer.tp_us > 2.0 * inner.tp_us, "{nodes}: {inner:?} {outer:?}");
+            assert!(
+                outer.tp_us > 2.0 * inner.tp_us,
+                "{nodes}: {inner:?} {outer:?}"
+            );
         }
     }
 }
