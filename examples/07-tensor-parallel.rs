@@ -10,6 +10,7 @@
 use clap::Parser;
 use comm_core::{launch, Collective, LaunchArgs, Mesh, Named, Order};
 use training::tensor_parallel::{shard_lengths, Trainer};
+use training::tp_picture::{save, Split};
 use training::TrainArgs;
 
 #[derive(Parser)]
@@ -27,6 +28,9 @@ struct Args {
     /// each tensor-parallel group on consecutive ranks; tp,dp puts it across them (across nodes).
     #[arg(long, default_value = "dp,tp", value_parser = ["dp,tp", "tp,dp"])]
     mesh: String,
+    /// Draw the split (layers, collectives, bytes) of this run on N ranks into FILE.svg, and exit.
+    #[arg(long, value_name = "FILE")]
+    draw: Option<std::path::PathBuf>,
 }
 
 // ANCHOR: main
@@ -39,6 +43,17 @@ fn main() -> std::process::ExitCode {
     let Ok(config) = config.inspect_err(|e| eprintln!("error: {e}")) else {
         return std::process::ExitCode::from(2); // refused before any rank starts
     };
+    if let Some(file) = &args.draw {
+        let n = args.launch.nproc_per_node.unwrap_or(4);
+        let split = Split {
+            shape: config.shape,
+            batch: config.batch,
+            tp: args.tp,
+            dp: n / args.tp,
+        };
+        let saved = save(file, &split).inspect_err(|e| eprintln!("error: {e}"));
+        return launch::exit_code(saved.map_or(1, |_| 0));
+    }
     let runs = [Collective::Broadcast, Collective::AllReduce];
     launch::run_job(&args.launch, &runs, None, |job| {
         let comm = launch::announced(job.communicator(args.launch.backend)?);

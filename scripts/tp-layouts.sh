@@ -54,9 +54,10 @@ run() {
   cat "$work/$mesh.node0" "$work/$mesh.node1"
 }
 
-# The mean over ranks of `step X ms`, tp's and dp's `waited Y ms`, from 07's Rank lines.
+# The mean over ranks of `step X ms`, tp's and dp's `waited Y ms`, from 07's Rank lines (commrun
+# puts `[rank]: ` before each).
 means() {
-  awk '/^Rank [0-9]+ \(dp rank/ {
+  awk '{ sub(/^\[[0-9]+\]: /, "") } /^Rank [0-9]+ \(dp rank/ {
     for (i = 1; i <= NF; i++) {
       if ($i == "step" && $(i + 2) == "ms;") step += $(i + 1)
       if ($i == "waited") { w = $(i + 1); sub(/;$/, "", w); if (++k % 2) tp += w; else dp += w }

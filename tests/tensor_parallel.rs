@@ -172,3 +172,35 @@ fn bad_flags_are_refused_plainly() {
         assert!(!stderr.contains("panicked"), "{flags:?}: {stderr}");
     }
 }
+
+/// The book's picture of the split is what `07-tensor-parallel --draw` draws now, for the run
+/// the chapter shows (4 ranks, --tp 2, the default model and batch):
+/// `NCCL_WORKSHOP_UPDATE_PICTURES=1` writes the new one instead of failing.
+#[test]
+fn the_books_picture_of_the_split_is_drawn_by_the_program() {
+    let dir = scratch("tp-picture");
+    let file = dir.join("tensor-parallel-split.svg");
+    // cargo run --example 07-tensor-parallel -- --draw tensor-parallel-split.svg
+    let drawn = Command::new(example("07-tensor-parallel"))
+        .arg("--draw")
+        .arg(&file)
+        .plainly()
+        .output()
+        .unwrap();
+    assert!(drawn.status.success(), "{drawn:?}");
+    let picture = std::fs::read_to_string(&file).unwrap();
+    assert!(picture.contains("<title>Example 07's MLP split over a tensor-parallel group of 2"));
+    let book =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/images/tensor-parallel-split.svg");
+    if std::env::var_os("NCCL_WORKSHOP_UPDATE_PICTURES").is_some() {
+        std::fs::write(&book, &picture).unwrap();
+    }
+    let committed = std::fs::read_to_string(&book).unwrap_or_default();
+    assert!(
+        committed == picture,
+        "{} differs from what 07 --draw draws now: rerun this test with \
+         NCCL_WORKSHOP_UPDATE_PICTURES=1 and commit the picture",
+        book.display()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -17,6 +17,7 @@ pub mod flags;
 pub mod model;
 pub mod rng;
 pub mod tensor_parallel;
+pub mod tp_picture;
 pub mod traffic;
 
 pub use ddp::checksum;
