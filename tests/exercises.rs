@@ -34,6 +34,7 @@ const LESSONS: &[&str] = &[
     "profiling.md",
     "transports.md",
     "training.md",
+    "tensor-parallel.md",
     "cluster-in-a-box.md",
 ];
 
@@ -392,6 +393,7 @@ fn check(chapter: &str, commands: &[String]) -> Result<(), String> {
         "profiling.md" => profiling_exercise(commands)?,
         "transports.md" => transports_exercise(commands)?,
         "training.md" => training_exercise(commands)?,
+        "tensor-parallel.md" => tensor_parallel_exercise(commands),
         "nccl.md" => nccl_probe_and_backend_nccl(commands),
         "running-on-leonardo.md" => two_nodes_then_node_0_alone(commands),
         other => panic!("{other}: write the check of its exercise here"),
@@ -683,6 +685,30 @@ fn training_exercise(commands: &[String]) -> Result<(), String> {
         assert_eq!(weights(&outs[i]), weights(&outs[i + 1]), "overlap or not");
     }
     Ok(())
+}
+
+/// tensor-parallel.md: with --tp 4 the tensor-parallel all-reduces move what they move with
+/// --tp 2 (48 KB a step: activations), the shard shrinks to 94784 parameters, and the
+/// data-parallel groups of one move nothing.
+fn tensor_parallel_exercise(commands: &[String]) {
+    let (ok, out) = run(&commands[0]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("64 of the 256 hidden units and 94784 parameters a rank"),
+        "{out}"
+    );
+    assert!(
+        out.contains("(tp 0: 2 all-reduces, 48.0 KB, waited "),
+        "{out}"
+    );
+    assert!(
+        out.contains("dp 0: 3 all-reduces, 370.3 KB, waited "),
+        "{out}"
+    );
+    assert!(
+        out.contains("transport (dp 0): none (one rank: nothing to move)"),
+        "{out}"
+    );
 }
 
 /// nccl.md: the probe's last line is `--backend auto`'s choice, the CPU (the GPUs are hidden),

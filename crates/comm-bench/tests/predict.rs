@@ -291,3 +291,51 @@ fn predictions_match_published_measurements() {
     }
     println!("{report}");
 }
+
+/// `predict --layouts`: the comparison the book's tensor-parallel chapter shows, row for row,
+/// with tensor parallelism inside a node cheaper at every node count; and a size it does not
+/// know, refused by name.
+#[test]
+fn layouts_compare_tensor_parallel_inside_and_across_nodes() {
+    let (out, stdout, stderr) = run(&["predict", "--layouts", "7B"]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with(' ') && l.contains(": tp "))
+        .collect();
+    assert_eq!(
+        rows.len(),
+        12,
+        "2, 4 ... 64 nodes, two layouts each:\n{stdout}"
+    );
+    for pair in rows.chunks(2) {
+        let step = |row: &str| -> f64 {
+            let cells: Vec<&str> = row.split_whitespace().collect();
+            cells[cells.len() - 2].parse().unwrap()
+        };
+        assert!(
+            pair[0].contains("dp,tp") && pair[1].contains("tp,dp"),
+            "{pair:?}"
+        );
+        assert!(step(pair[0]) < step(pair[1]), "{pair:?}");
+    }
+    let chapter = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/src/tensor-parallel.md");
+    let chapter = std::fs::read_to_string(chapter).unwrap();
+    let shown: Vec<&str> = chapter
+        .lines()
+        .filter(|l| l.starts_with(' ') && l.contains(": tp "))
+        .collect();
+    assert!(shown.len() >= 4, "the chapter shows the table");
+    for line in shown {
+        assert!(
+            rows.contains(&line),
+            "the chapter shows {line:?}; predict prints:\n{stdout}"
+        );
+    }
+    let (out, _, stderr) = run(&["predict", "--layouts", "huge"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--layouts huge: name a model size"),
+        "{stderr}"
+    );
+}
