@@ -84,6 +84,9 @@ fn the_gpu_check_script_passes_on_the_cpu_backend() {
         "trace",
         // 06: training, every rank's weights the same.
         "ddp-training",
+        // Groups: split, and 07's tensor-parallel group.
+        "split",
+        "tensor-parallel",
         // 03 on both halves, and its ranks agreeing on one backend.
         "gloo-vs-nccl",
         "backend-agreed",
