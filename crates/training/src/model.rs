@@ -40,6 +40,22 @@ impl Shape {
         [VOCAB * e, c * e * h, h, h * h, h, h * VOCAB, VOCAB]
     }
 
+    /// Each parameter's length on a rank that holds `width` of the hidden units (Megatron's
+    /// split, `crate::tensor_parallel`): w1's and b1's columns, w2's rows; the rest whole.
+    /// `width` = hidden: [`lengths`](Self::lengths).
+    pub fn shard_lengths(&self, width: usize) -> [usize; 7] {
+        let (c, e, h) = (self.context, self.embed, self.hidden);
+        [
+            VOCAB * e,
+            c * e * width,
+            width,
+            width * h,
+            h,
+            h * VOCAB,
+            VOCAB,
+        ]
+    }
+
     /// Where each parameter starts in the flat vector, and the total.
     pub fn offsets(&self) -> ([usize; 7], usize) {
         let mut offsets = [0; 7];
@@ -79,10 +95,13 @@ impl Shape {
     }
 }
 
-/// What forward keeps for backward.
+/// What forward keeps for backward; the whole model, or one rank's shard of it (`width` of the
+/// hidden units: Megatron's split, see `crate::tensor_parallel`).
 pub struct Model {
     shape: Shape,
     batch: usize,
+    /// Hidden units this rank holds: all of them, or its slice.
+    width: usize,
     x: Vec<u8>,
     y: Vec<u8>,
     e: Vec<f32>,
@@ -91,17 +110,28 @@ pub struct Model {
     probs: Vec<f32>,
 }
 
+/// Sums a partial result over the ranks that share the model (an all-reduce over a
+/// tensor-parallel group); nothing to do for a whole model.
+pub type Sum<'a> = &'a mut dyn FnMut(&mut [f32]) -> comm_core::Result<()>;
+
 impl Model {
     /// A model of `shape` for batches of `batch` samples.
     pub fn new(shape: Shape, batch: usize) -> Model {
+        Model::shard(shape, batch, shape.hidden)
+    }
+
+    /// The shard of a model of `shape` that holds `width` hidden units (`shape.hidden` divides
+    /// into them: the caller checks).
+    pub fn shard(shape: Shape, batch: usize, width: usize) -> Model {
         let (c, e, h) = (shape.context, shape.embed, shape.hidden);
         Model {
             shape,
             batch,
+            width,
             x: vec![0; batch * c],
             y: vec![0; batch],
             e: vec![0.0; batch * c * e],
-            h1: vec![0.0; batch * h],
+            h1: vec![0.0; batch * width],
             h2: vec![0.0; batch * h],
             probs: vec![0.0; batch * VOCAB],
         }
@@ -112,22 +142,47 @@ impl Model {
         self.shape
     }
 
+    /// Each parameter's length on this rank.
+    pub fn lengths(&self) -> [usize; 7] {
+        self.shape.shard_lengths(self.width)
+    }
+
     /// The mean cross-entropy of predicting `samples`' last byte from the ones before it (each
     /// sample `context + 1` bytes), keeping what backward needs.
     pub fn forward(&mut self, params: &[f32], samples: &[&[u8]]) -> f32 {
+        self.forward_shard(params, samples, &mut |_| Ok(()))
+            .expect("a whole model sums nothing")
+    }
+
+    /// [`forward`](Self::forward) on a shard: `sum` adds up the second layer's terms over the
+    /// shards (Megatron's row-parallel layer) before its bias and tanh.
+    pub fn forward_shard(
+        &mut self,
+        params: &[f32],
+        samples: &[&[u8]],
+        sum: Sum<'_>,
+    ) -> comm_core::Result<f32> {
         let Shape {
             context: c,
             embed: d,
             hidden: h,
         } = self.shape;
-        let b = self.batch;
+        let (b, w) = (self.batch, self.width);
         assert_eq!(samples.len(), b, "a batch of {b} samples");
         let p = self.parts(params);
         embed(p[0], samples, (c, d), &mut self.x, &mut self.y, &mut self.e);
-        dense(b, c * d, h, &self.e, p[1], p[2], &mut self.h1, true);
-        dense(b, h, h, &self.h1, p[3], p[4], &mut self.h2, true);
+        // Layer 1 (column-parallel on a shard): this rank's units, from the whole input.
+        dense(b, c * d, w, &self.e, p[1], p[2], &mut self.h1, true);
+        // Layer 2 (row-parallel on a shard): this rank's term of h1 @ w2, summed, + b2, tanh.
+        gemm(b, w, h, (&self.h1, w, 1), (p[3], h, 1), 0.0, &mut self.h2);
+        sum(&mut self.h2)?;
+        for row in self.h2.chunks_mut(h) {
+            row.iter_mut()
+                .zip(p[4])
+                .for_each(|(v, b2)| *v = (*v + b2).tanh());
+        }
         dense(b, h, VOCAB, &self.h2, p[5], p[6], &mut self.probs, false);
-        softmax_cross_entropy(&mut self.probs, &self.y)
+        Ok(softmax_cross_entropy(&mut self.probs, &self.y))
     }
 
     /// The gradient of the last forward's loss into `grads` (as long as the parameters), a layer
@@ -140,63 +195,76 @@ impl Model {
         grads: &mut [f32],
         mut ready: impl FnMut(&[usize], &[f32]),
     ) {
+        self.backward_shard(params, grads, &mut ready, &mut |_| Ok(()))
+            .expect("a whole model sums nothing")
+    }
+
+    /// [`backward`](Self::backward) on a shard: `sum` adds up the shards' terms of the gradient
+    /// at the first layer's input (Megatron's column-parallel layer, backward).
+    pub fn backward_shard(
+        &self,
+        params: &[f32],
+        grads: &mut [f32],
+        ready: &mut dyn FnMut(&[usize], &[f32]),
+        sum: Sum<'_>,
+    ) -> comm_core::Result<()> {
         let Shape {
             context: c,
             embed: d,
             hidden: h,
         } = self.shape;
-        let b = self.batch;
+        let (b, w) = (self.batch, self.width);
         let p = self.parts(params);
-        let (offsets, _) = self.shape.offsets();
-        let lens = self.shape.lengths();
+        let lens = self.lengths();
+        let mut offsets = [0; 7];
+        (1..7).for_each(|i| offsets[i] = offsets[i - 1] + lens[i - 1]);
         let range = |i: usize| offsets[i]..offsets[i] + lens[i];
         let dlogits = logits_gradient(&self.probs, &self.y);
         // Layer 3: logits = h2 @ w3 + b3.
         let span = Span::slice("compute", "backward layer 3 (w3, b3)");
-        let dh2 = dense_backward(
-            b,
-            h,
-            VOCAB,
-            &self.h2,
-            p[5],
-            &dlogits,
-            grads,
-            range(5),
-            range(6),
-        );
+        let (h2, w3) = (&self.h2, p[5]);
+        let dh2 = dense_backward(b, h, VOCAB, h2, w3, &dlogits, grads, range(5), range(6));
         drop(span);
         ready(&[6, 5], grads);
-        // Layer 2: h2 = tanh(h1 @ w2 + b2).
+        // Layer 2: h2 = tanh(h1 @ w2 + b2) (a shard: its rows of w2, its slice of dh1).
         let span = Span::slice("compute", "backward layer 2 (w2, b2)");
         let da2 = tanh_backward(dh2, &self.h2);
-        let dh1 = dense_backward(b, h, h, &self.h1, p[3], &da2, grads, range(3), range(4));
+        let dh1 = dense_backward(b, w, h, &self.h1, p[3], &da2, grads, range(3), range(4));
         drop(span);
         ready(&[4, 3], grads);
-        // Layer 1: h1 = tanh(e @ w1 + b1), then the embedding rows each sample looked up.
+        // Layer 1: h1 = tanh(e @ w1 + b1) (a shard: its columns of w1, and its term of de,
+        // summed), then the embedding rows each sample looked up.
         let span = Span::slice("compute", "backward layer 1 (w1, b1, emb)");
         let da1 = tanh_backward(dh1, &self.h1);
-        let de = dense_backward(b, c * d, h, &self.e, p[1], &da1, grads, range(1), range(2));
+        let mut de = dense_backward(b, c * d, w, &self.e, p[1], &da1, grads, range(1), range(2));
+        sum(&mut de)?;
         embedding_backward(&self.x, &de, (c, d), &mut grads[range(0)]);
         drop(span);
         ready(&[2, 1, 0], grads);
+        Ok(())
     }
 
     /// The parameters' slices, in [`NAMES`] order.
     fn parts<'a>(&self, params: &'a [f32]) -> Vec<&'a [f32]> {
-        let (offsets, total) = self.shape.offsets();
-        assert_eq!(params.len(), total, "parameters of this shape");
-        let lens = self.shape.lengths();
-        offsets
-            .iter()
-            .zip(lens)
-            .map(|(&o, l)| &params[o..o + l])
+        let lens = self.lengths();
+        assert_eq!(
+            params.len(),
+            lens.iter().sum::<usize>(),
+            "parameters of this shard"
+        );
+        let mut at = 0;
+        lens.iter()
+            .map(|&len| {
+                at += len;
+                &params[at - len..at]
+            })
             .collect()
     }
 }
 
 /// Each sample's context bytes into `x` and its next byte into `y`, and the bytes' rows of the
 /// embedding table `emb` side by side into `e` (`c` bytes of context, `d` floats a byte).
-pub(crate) fn embed(
+fn embed(
     emb: &[f32],
     samples: &[&[u8]],
     (c, d): (usize, usize),
@@ -216,7 +284,7 @@ pub(crate) fn embed(
 
 /// The logits in `probs` become probabilities (softmax, row by row); returns the mean
 /// cross-entropy of the right bytes `y`.
-pub(crate) fn softmax_cross_entropy(probs: &mut [f32], y: &[u8]) -> f32 {
+fn softmax_cross_entropy(probs: &mut [f32], y: &[u8]) -> f32 {
     let mut loss = 0.0f64;
     for (row, &y) in probs.chunks_mut(VOCAB).zip(y) {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -234,7 +302,7 @@ pub(crate) fn softmax_cross_entropy(probs: &mut [f32], y: &[u8]) -> f32 {
 }
 
 /// Softmax minus one-hot, over the batch: the gradient of the mean loss at the logits.
-pub(crate) fn logits_gradient(probs: &[f32], y: &[u8]) -> Vec<f32> {
+fn logits_gradient(probs: &[f32], y: &[u8]) -> Vec<f32> {
     let mut dlogits = probs.to_vec();
     for (row, &y_i) in dlogits.chunks_mut(VOCAB).zip(y) {
         row[y_i as usize] -= 1.0;
@@ -245,7 +313,7 @@ pub(crate) fn logits_gradient(probs: &[f32], y: &[u8]) -> Vec<f32> {
 
 /// The embedding table's gradient `demb` from the gradient `de` at the looked-up rows: each
 /// byte of context `x` adds its row of `de` to its byte's row.
-pub(crate) fn embedding_backward(x: &[u8], de: &[f32], (c, d): (usize, usize), demb: &mut [f32]) {
+fn embedding_backward(x: &[u8], de: &[f32], (c, d): (usize, usize), demb: &mut [f32]) {
     demb.fill(0.0);
     for (i, bytes) in x.chunks(c).enumerate() {
         for (k, &byte) in bytes.iter().enumerate() {
@@ -258,7 +326,7 @@ pub(crate) fn embedding_backward(x: &[u8], de: &[f32], (c, d): (usize, usize), d
 
 /// `out [m, n] = x [m, k] @ w [k, n] + bias`, then tanh where `tanh`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn dense(
+fn dense(
     m: usize,
     k: usize,
     n: usize,
@@ -280,7 +348,7 @@ pub(crate) fn dense(
 /// The gradients of `out = x @ w + b` given `dout` [m, n]: dw = xᵀ @ dout and db = the column
 /// sums of dout into `grads` (their ranges), and dx = dout @ wᵀ, returned.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn dense_backward(
+fn dense_backward(
     m: usize,
     k: usize,
     n: usize,
@@ -305,14 +373,14 @@ pub(crate) fn dense_backward(
 }
 
 /// The gradient through tanh: d · (1 − out²).
-pub(crate) fn tanh_backward(mut d: Vec<f32>, out: &[f32]) -> Vec<f32> {
+fn tanh_backward(mut d: Vec<f32>, out: &[f32]) -> Vec<f32> {
     d.iter_mut().zip(out).for_each(|(g, y)| *g *= 1.0 - y * y);
     d
 }
 
 /// `c [m, n] = a [m, k] @ b [k, n] + beta · c`, `a` and `b` given with their row and column
 /// strides (a transposed matrix is its stored one with the strides swapped); `c` row-major.
-pub(crate) fn gemm(
+fn gemm(
     m: usize,
     k: usize,
     n: usize,

@@ -28,25 +28,15 @@ use comm_core::trace::Span;
 use comm_core::{CommError, Communicator, Mesh, Order, ReduceOp, Result};
 
 use crate::ddp::{Config, Ddp, Layers, Report};
-use crate::model::{
-    dense, dense_backward, embed, embedding_backward, gemm, logits_gradient, softmax_cross_entropy,
-    tanh_backward, Shape, VOCAB,
-};
+use crate::model::{Model, Shape, VOCAB};
 use crate::traffic::Traffic;
 
-/// Rank `j`'s shard of the model over a tensor-parallel group of `tp`: its layers, what forward
-/// keeps for backward, and the group's communicator.
+/// Rank `j`'s shard of the model over a tensor-parallel group of `tp` ([`Model::shard`]),
+/// whose two sums are all-reduces over the group.
 pub struct TpModel {
-    shape: Shape,
-    batch: usize,
+    model: Model,
     tp: Communicator,
     traffic: Traffic,
-    x: Vec<u8>,
-    y: Vec<u8>,
-    e: Vec<f32>,
-    h1: Vec<f32>,
-    h2: Vec<f32>,
-    probs: Vec<f32>,
 }
 
 /// The width of one rank's slice of the hidden layer, or why `tp` cannot split it.
@@ -67,9 +57,7 @@ fn slice_width(shape: &Shape, tp: usize) -> Result<usize> {
 /// One shard's parameter lengths, in [`NAMES`](crate::model::NAMES) order: emb, w1 and b1's
 /// columns, w2's rows, b2, w3, b3.
 pub fn shard_lengths(shape: &Shape, tp: usize) -> Result<[usize; 7]> {
-    let (c, d, h) = (shape.context, shape.embed, shape.hidden);
-    let w = slice_width(shape, tp)?;
-    Ok([VOCAB * d, c * d * w, w, w * h, h, h * VOCAB, VOCAB])
+    Ok(shape.shard_lengths(slice_width(shape, tp)?))
 }
 
 /// Shard `j` of `tp` out of the whole model's parameters `full`.
@@ -94,19 +82,11 @@ pub fn shard(shape: &Shape, tp: usize, j: usize, full: &[f32]) -> Result<Vec<f32
 impl TpModel {
     /// This rank's shard of a model of `shape` for batches of `batch`, over the group `tp`.
     pub fn new(shape: Shape, batch: usize, tp: Communicator) -> Result<TpModel> {
-        let (c, d, h) = (shape.context, shape.embed, shape.hidden);
-        let w = slice_width(&shape, tp.world_size())?;
+        let width = slice_width(&shape, tp.world_size())?;
         Ok(TpModel {
-            shape,
-            batch,
+            model: Model::shard(shape, batch, width),
             tp,
             traffic: Traffic::default(),
-            x: vec![0; batch * c],
-            y: vec![0; batch],
-            e: vec![0.0; batch * c * d],
-            h1: vec![0.0; batch * w],
-            h2: vec![0.0; batch * h],
-            probs: vec![0.0; batch * VOCAB],
         })
     }
 
@@ -124,23 +104,17 @@ impl TpModel {
     pub fn into_group(self) -> Communicator {
         self.tp
     }
-
-    /// The parameters' slices, in [`NAMES`](crate::model::NAMES) order.
-    fn parts<'a>(&self, params: &'a [f32]) -> Result<Vec<&'a [f32]>> {
-        let lengths = shard_lengths(&self.shape, self.tp.world_size())?;
-        let mut at = 0;
-        Ok(lengths
-            .iter()
-            .map(|&len| {
-                at += len;
-                &params[at - len..at]
-            })
-            .collect())
-    }
 }
 
-/// Sums `values` over the group `tp` (an all-reduce on its links), counted in `traffic`.
-fn all_reduce(tp: &Communicator, traffic: &mut Traffic, values: &mut [f32]) -> Result<()> {
+/// Sums `values` over the group `tp` (an all-reduce on its links), counted in `traffic` and
+/// shown in the trace as a wait named `what`.
+fn all_reduce(
+    tp: &Communicator,
+    traffic: &mut Traffic,
+    what: &str,
+    values: &mut [f32],
+) -> Result<()> {
+    let _span = Span::slice("wait", format!("tp all-reduce ({what})"));
     let start = Instant::now();
     let mut buf = tp.buffer(values)?;
     tp.all_reduce(&mut buf, ReduceOp::Sum)?;
@@ -153,37 +127,13 @@ fn all_reduce(tp: &Communicator, traffic: &mut Traffic, values: &mut [f32]) -> R
 
 impl Layers for TpModel {
     fn lengths(&self) -> [usize; 7] {
-        shard_lengths(&self.shape, self.tp.world_size()).expect("checked when made")
+        self.model.lengths()
     }
 
     fn forward(&mut self, params: &[f32], samples: &[&[u8]]) -> Result<f32> {
-        let Shape {
-            context: c,
-            embed: d,
-            hidden: h,
-        } = self.shape;
-        let (b, w) = (self.batch, self.h1.len() / self.batch);
-        let p = self.parts(params)?;
-        embed(p[0], samples, (c, d), &mut self.x, &mut self.y, &mut self.e);
-        // Column-parallel: this rank's slice of the hidden layer, from the whole input.
-        dense(b, c * d, w, &self.e, p[1], p[2], &mut self.h1, true);
-        // Row-parallel: this rank's term of h1 @ w2, then the sum over the group.
-        let mut z2 = vec![0.0; b * h];
-        gemm(b, w, h, (&self.h1, w, 1), (p[3], h, 1), 0.0, &mut z2);
-        let span = Span::slice("wait", "tp all-reduce (forward)");
-        all_reduce(&self.tp, &mut self.traffic, &mut z2)?;
-        drop(span);
-        for (out, (row, bias)) in self
-            .h2
-            .chunks_mut(h)
-            .zip(z2.chunks(h).zip(std::iter::repeat(p[4])))
-        {
-            for ((o, v), b2) in out.iter_mut().zip(row).zip(bias) {
-                *o = (v + b2).tanh();
-            }
-        }
-        dense(b, h, VOCAB, &self.h2, p[5], p[6], &mut self.probs, false);
-        Ok(softmax_cross_entropy(&mut self.probs, &self.y))
+        let TpModel { model, tp, traffic } = self;
+        let mut sum = |v: &mut [f32]| all_reduce(tp, traffic, "forward", v);
+        model.forward_shard(params, samples, &mut sum)
     }
 
     fn backward(
@@ -192,50 +142,9 @@ impl Layers for TpModel {
         grads: &mut [f32],
         ready: &mut dyn FnMut(&[usize], &[f32]),
     ) -> Result<()> {
-        let Shape {
-            context: c,
-            embed: d,
-            hidden: h,
-        } = self.shape;
-        let (b, w) = (self.batch, self.h1.len() / self.batch);
-        let p = self.parts(params)?;
-        let lengths = self.lengths();
-        let mut offsets = [0; 7];
-        (1..7).for_each(|i| offsets[i] = offsets[i - 1] + lengths[i - 1]);
-        let range = |i: usize| offsets[i]..offsets[i] + lengths[i];
-        let dlogits = logits_gradient(&self.probs, &self.y);
-        let span = Span::slice("compute", "backward layer 3 (w3, b3)");
-        let dh2 = dense_backward(
-            b,
-            h,
-            VOCAB,
-            &self.h2,
-            p[5],
-            &dlogits,
-            grads,
-            range(5),
-            range(6),
-        );
-        drop(span);
-        ready(&[6, 5], grads);
-        // Row-parallel backward: this rank's rows of w2 and its slice of dh1, no communication.
-        let span = Span::slice("compute", "backward layer 2 (w2 rows, b2)");
-        let dz2 = tanh_backward(dh2, &self.h2);
-        let dh1 = dense_backward(b, w, h, &self.h1, p[3], &dz2, grads, range(3), range(4));
-        drop(span);
-        ready(&[4, 3], grads);
-        // Column-parallel backward: this rank's columns of w1, and its term of the gradient at
-        // the input, summed over the group.
-        let span = Span::slice("compute", "backward layer 1 (w1 columns, b1)");
-        let da1 = tanh_backward(dh1, &self.h1);
-        let mut de = dense_backward(b, c * d, w, &self.e, p[1], &da1, grads, range(1), range(2));
-        drop(span);
-        let span = Span::slice("wait", "tp all-reduce (backward)");
-        all_reduce(&self.tp, &mut self.traffic, &mut de)?;
-        drop(span);
-        embedding_backward(&self.x, &de, (c, d), &mut grads[range(0)]);
-        ready(&[2, 1, 0], grads);
-        Ok(())
+        let TpModel { model, tp, traffic } = self;
+        let mut sum = |v: &mut [f32]| all_reduce(tp, traffic, "backward", v);
+        model.backward_shard(params, grads, ready, &mut sum)
     }
 }
 
