@@ -199,19 +199,15 @@ fi
 check ddp-training 0 "^Rank $((n - 1)): weights" bash -c "out=\$('$BIN_DIR/06-ddp-training' \
   --backend '$BACKEND' -n '$n' --timeout '$PROGRAM_TIMEOUT' --iters 40 --bucket-mb 0.1) || exit 1
   echo \"\$out\"; [ \$(echo \"\$out\" | grep -o 'weights [0-9a-f]*' | sort -u | wc -l) = 1 ]"
-# Groups: the job split by color (on NCCL by ncclCommSplit, NCCL 2.18 or later), each group's
-# all-reduces checked while the job's run on another thread; then 07, the model split over one
+# Groups: the job split by color (on NCCL by ncclCommSplit, NCCL 2.18 or later; on one GPU a
+# group of one, which still takes NCCL's split and its own stream), each group's all-reduces
+# checked while the job's run on another thread; then 07, the model split over one
 # tensor-parallel group of all the GPUs (its two all-reduces a step on a split communicator).
-if [ "$n" -ge 2 ]; then
-  check split 0 "at the same time: right on all $n ranks" "$BIN_DIR/split-check" \
-    --backend "$BACKEND" -n "$n" --len 65536 --timeout "$PROGRAM_TIMEOUT"
-  check tensor-parallel 0 "^Rank $((n - 1)) \(dp rank 0, tp rank $((n - 1))\): weights" \
-    "$BIN_DIR/07-tensor-parallel" --backend "$BACKEND" -n "$n" --tp "$n" --hidden $((64 * n)) \
-    --iters 20 --timeout "$PROGRAM_TIMEOUT"
-else
-  skip split "one GPU: a group needs two ranks to show anything"
-  skip tensor-parallel "one GPU"
-fi
+check split 0 "at the same time: right on (all $n ranks|the one rank)" "$BIN_DIR/split-check" \
+  --backend "$BACKEND" -n "$n" --len 65536 --timeout "$PROGRAM_TIMEOUT"
+check tensor-parallel 0 "^Rank $((n - 1)) \(dp rank 0, tp rank $((n - 1))\): weights" \
+  "$BIN_DIR/07-tensor-parallel" --backend "$BACKEND" -n "$n" --tp "$n" --hidden $((64 * n)) \
+  --iters 20 --timeout "$PROGRAM_TIMEOUT"
 # 03 on both halves: on NCCL the Gloo half stages GPU buffers through the host, the NCCL half
 # reduces them on the GPUs, and rank 0 compares; on the CPU the NCCL half says why it is skipped.
 gloo_backend=$([ "$BACKEND" = nccl ] && echo auto || echo "$BACKEND")

@@ -189,7 +189,10 @@ fn at_once(
 fn said(comm: &Communicator, what: &str) -> Result<()> {
     comm.barrier()?;
     if comm.rank() == 0 {
-        println!("{what}: right on all {} ranks", comm.world_size());
+        match comm.world_size() {
+            1 => println!("{what}: right on the one rank"),
+            n => println!("{what}: right on all {n} ranks"),
+        }
     }
     Ok(())
 }

@@ -21,7 +21,8 @@
 //! are waited for), `group_safe` (NCCL's groups, per thread, and no buffer freed inside one),
 //! `events` (marks on the stream that time its work), `gpu_trace` (`--trace`'s slices of the
 //! GPU's own times), `device` (which GPU a rank uses, and that no two ranks share one) and
-//! `split` (ncclCommSplit: a group's communicator). The library is the bottom: the probe and the relink ask it, it asks neither.
+//! `split` (ncclCommSplit: a group's communicator). The library is the bottom: the probe and
+//! the relink ask it, it asks neither.
 
 mod batch;
 mod calls;
