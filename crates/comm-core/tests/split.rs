@@ -29,10 +29,13 @@ fn split_check(n: usize, flags: &[&str]) -> (Output, String, String) {
     (out, stdout, stderr)
 }
 
+/// A rank's group: its name, its rank there, the members (job ranks) in order.
+type Seat = (String, usize, Vec<usize>);
+
 /// The rows of every table rank 0 printed (`rank color key group its-rank members`), by table:
 /// per rank (its group's name, its rank there, the members in order), None for no group.
-fn tables(stdout: &str) -> Vec<Vec<Option<(String, usize, Vec<usize>)>>> {
-    let mut found: Vec<Vec<Option<(String, usize, Vec<usize>)>>> = Vec::new();
+fn tables(stdout: &str) -> Vec<Vec<Option<Seat>>> {
+    let mut found: Vec<Vec<Option<Seat>>> = Vec::new();
     for line in stdout.lines() {
         if line.starts_with("rank  color") {
             found.push(Vec::new());
@@ -190,16 +193,16 @@ fn a_mesh_puts_consecutive_ranks_in_a_tensor_parallel_group() {
     let (out, stdout, stderr) = split_check(6, &["--mesh", "2"]);
     succeeded(&out, &stdout, &stderr);
     let t = tables(&stdout);
-    for rank in 0..6 {
+    for (rank, (tp_seat, dp_seat)) in t[0].iter().zip(&t[1]).enumerate() {
         let (row, column) = (rank / 2, rank % 2);
         let tp = (format!("tp {row}"), column, vec![2 * row, 2 * row + 1]);
-        assert_eq!(t[0][rank], Some(tp), "{stdout}");
+        assert_eq!(tp_seat, &Some(tp), "{stdout}");
         let dp = (
             format!("dp {column}"),
             row,
             vec![column, column + 2, column + 4],
         );
-        assert_eq!(t[1][rank], Some(dp), "{stdout}");
+        assert_eq!(dp_seat, &Some(dp), "{stdout}");
     }
     let both = "the dp groups' all-reduces and the tp groups', at the same time: right on all 6";
     assert!(stdout.contains(both), "{stdout}");

@@ -200,6 +200,41 @@ pub fn table(system: &System, model: ModelSize, step: &Step, tp: usize) -> Strin
     out
 }
 
+/// A GPU's dense bf16 peak, TFLOP/s, by compute capability (V100 fp16, A100, H100 SXM).
+pub fn peak_tflops(compute_capability: u32) -> f64 {
+    match compute_capability {
+        ..=79 => 125.0,
+        80..=89 => 312.0,
+        _ => 989.0,
+    }
+}
+
+/// `--layouts`: the comparison for `args`' model on its system.
+pub fn run(system: &System, args: &super::PredictArgs, model: &str) -> Result<(), BenchError> {
+    let model = ModelSize::parse(model)?;
+    let tp = args.tp.unwrap_or(system.gpus_per_node);
+    let usage = |m: String| BenchError::Comm(CommError::Usage(m));
+    if tp == 0 || !system.gpus_per_node.is_multiple_of(tp) || !model.hidden.is_multiple_of(tp) {
+        return Err(usage(format!(
+            "--tp {tp}: give a tensor-parallel size that divides the node's {} GPUs and the \
+             hidden width {}",
+            system.gpus_per_node, model.hidden
+        )));
+    }
+    if args.seq == 0 || args.micro_batch == 0 {
+        return Err(usage("--seq and --micro-batch: give 1 or more".into()));
+    }
+    let step = Step {
+        seq: args.seq,
+        micro_batch: args.micro_batch,
+        peak_tflops: peak_tflops(system.compute_capability),
+        efficiency: 0.5,
+    };
+    print!("{}", table(system, model, &step, tp));
+    print!("{}", super::footer(system));
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,39 +292,4 @@ mod tests {
             );
         }
     }
-}
-
-/// A GPU's dense bf16 peak, TFLOP/s, by compute capability (V100 fp16, A100, H100 SXM).
-pub fn peak_tflops(compute_capability: u32) -> f64 {
-    match compute_capability {
-        ..=79 => 125.0,
-        80..=89 => 312.0,
-        _ => 989.0,
-    }
-}
-
-/// `--layouts`: the comparison for `args`' model on its system.
-pub fn run(system: &System, args: &super::PredictArgs, model: &str) -> Result<(), BenchError> {
-    let model = ModelSize::parse(model)?;
-    let tp = args.tp.unwrap_or(system.gpus_per_node);
-    let usage = |m: String| BenchError::Comm(CommError::Usage(m));
-    if tp == 0 || !system.gpus_per_node.is_multiple_of(tp) || !model.hidden.is_multiple_of(tp) {
-        return Err(usage(format!(
-            "--tp {tp}: give a tensor-parallel size that divides the node's {} GPUs and the \
-             hidden width {}",
-            system.gpus_per_node, model.hidden
-        )));
-    }
-    if args.seq == 0 || args.micro_batch == 0 {
-        return Err(usage("--seq and --micro-batch: give 1 or more".into()));
-    }
-    let step = Step {
-        seq: args.seq,
-        micro_batch: args.micro_batch,
-        peak_tflops: peak_tflops(system.compute_capability),
-        efficiency: 0.5,
-    };
-    print!("{}", table(system, model, &step, tp));
-    print!("{}", super::footer(system));
-    Ok(())
 }
