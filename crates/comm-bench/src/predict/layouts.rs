@@ -209,10 +209,17 @@ pub fn peak_tflops(compute_capability: u32) -> f64 {
     }
 }
 
-/// `--layouts`: the comparison for `args`' model on its system.
-pub fn run(system: &System, args: &super::PredictArgs, model: &str) -> Result<(), BenchError> {
+/// `--layouts MODEL`: the comparison for a transformer of that size on `system`, tensor-parallel
+/// groups of `tp` (default: the node's GPUs), `seq` tokens and `micro_batch` sequences a step.
+pub fn comparison(
+    system: &System,
+    model: &str,
+    tp: Option<usize>,
+    seq: usize,
+    micro_batch: usize,
+) -> Result<String, BenchError> {
     let model = ModelSize::parse(model)?;
-    let tp = args.tp.unwrap_or(system.gpus_per_node);
+    let tp = tp.unwrap_or(system.gpus_per_node);
     let usage = |m: String| BenchError::Comm(CommError::Usage(m));
     if tp == 0 || !system.gpus_per_node.is_multiple_of(tp) || !model.hidden.is_multiple_of(tp) {
         return Err(usage(format!(
@@ -221,18 +228,16 @@ pub fn run(system: &System, args: &super::PredictArgs, model: &str) -> Result<()
             system.gpus_per_node, model.hidden
         )));
     }
-    if args.seq == 0 || args.micro_batch == 0 {
+    if seq == 0 || micro_batch == 0 {
         return Err(usage("--seq and --micro-batch: give 1 or more".into()));
     }
     let step = Step {
-        seq: args.seq,
-        micro_batch: args.micro_batch,
+        seq,
+        micro_batch,
         peak_tflops: peak_tflops(system.compute_capability),
         efficiency: 0.5,
     };
-    print!("{}", table(system, model, &step, tp));
-    print!("{}", super::footer(system));
-    Ok(())
+    Ok(table(system, model, &step, tp))
 }
 
 #[cfg(test)]

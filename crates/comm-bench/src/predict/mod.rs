@@ -122,7 +122,9 @@ struct Line {
 pub fn run(args: &PredictArgs) -> Result<(), BenchError> {
     let mut system = resolve(args)?;
     if let Some(model) = &args.layouts {
-        return layouts::run(&system, args, model);
+        let table = layouts::comparison(&system, model, args.tp, args.seq, args.micro_batch)?;
+        print!("{table}{}", footer(&system));
+        return Ok(());
     }
     let collectives = collectives(args)?;
     let sizes = units::sizes(
