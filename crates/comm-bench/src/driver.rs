@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::budget::{self, Budget};
 use crate::cli::BenchArgs;
 use crate::error::BenchError;
-use crate::measure::{measure, Case, Options};
+use crate::measure::{Case, Options};
 use crate::plan::Plan;
 use crate::record::{self, Row, RunInfo};
 use crate::table;
@@ -443,12 +443,14 @@ fn rank_main(args: &BenchArgs, plan: &Plan, settings: &Settings, topology: Topol
             // skipped where this machine cannot run them.
             match job.communicator(choice).map(launch::announced) {
                 Ok(comm) => {
+                    // Over the whole job: every group of --group-size skips the same sizes.
+                    let budget = memory_budget(&comm, local_ranks)?;
                     match args.group_size {
-                        None => measure_all(&comm, plan, nodes, local_ranks, &mut sink, None)?,
+                        None => measure_all(&comm, plan, nodes, &budget, &mut sink, None)?,
                         Some(size) => {
                             let group = crate::groups::split(&comm, size)?;
                             let all = Some(&comm);
-                            measure_all(&group, plan, nodes, local_ranks, &mut sink, all)?;
+                            measure_all(&group, plan, nodes, &budget, &mut sink, all)?;
                             group.close()?;
                         }
                     }
@@ -534,13 +536,13 @@ fn describe(comm: &Communicator, collective: Collective) -> (String, String) {
     }
 }
 
-/// Every table of the plan on `comm`; where `comm` is a group of `--group-size`, every group of
-/// `job` measures at once (see [`crate::groups`]).
+/// Every table of the plan on `comm`, within `budget`; where `comm` is a group of
+/// `--group-size`, every group of `job` measures at once (see [`crate::groups`]).
 fn measure_all(
     comm: &Communicator,
     plan: &Plan,
     nodes: usize,
-    local_ranks: usize,
+    budget: &Budget,
     sink: &mut Sink,
     job: Option<&Communicator>,
 ) -> comm_core::Result<()> {
@@ -560,8 +562,6 @@ fn measure_all(
         per_iter_timing: u8::from(plan.per_iteration),
         started: record::utc_now(),
     };
-    // Over the whole job: every group skips the same sizes, and they meet before each case.
-    let budget = memory_budget(job.unwrap_or(comm), local_ranks)?;
     // nccl-tests rotates its buffers within the largest size (-e) it allocated; ours within the
     // largest size that fits, on GPUs only (see measure.rs's `rotation`).
     let rotate_within = match comm.device() {
@@ -607,16 +607,8 @@ fn measure_all(
                 root: plan.root,
                 bytes,
             };
-            if let Some(job) = job {
-                job.barrier()?; // every group starts the case together
-            }
-            match measure(comm, &case, &opts, &mut stopwatch)? {
-                Some(mut m) => {
-                    if let Some(job) = job {
-                        crate::groups::every_groups_wrong(job, comm, &mut m)?;
-                    }
-                    sink.send(Event::Line(Row::of(&info, &m)))?
-                }
+            match crate::groups::measure(comm, job, &case, &opts, &mut stopwatch)? {
+                Some(m) => sink.send(Event::Line(Row::of(&info, &m)))?,
                 None => sink.send(Event::Skipped(None))?,
             }
         }

@@ -8,7 +8,9 @@
 
 use comm_core::{CommError, Communicator, ReduceOp, Result};
 
-use crate::measure::{Measured, Outcome};
+use comm_core::stopwatch::Stopwatch;
+
+use crate::measure::{Case, Measured, Options, Outcome};
 
 /// This rank's group of `size` consecutive ranks of `comm`: a usage error, on every rank alike,
 /// where `size` does not divide the job.
@@ -36,9 +38,30 @@ pub fn split(comm: &Communicator, size: usize) -> Result<Communicator> {
     Ok(group)
 }
 
+/// [`measure`](crate::measure::measure) of `case` on `comm`; where `comm` is a group of `job`,
+/// every group starts it together (a barrier of the whole job first) and its #wrong is summed
+/// over every group.
+pub fn measure(
+    comm: &Communicator,
+    job: Option<&Communicator>,
+    case: &Case,
+    opts: &Options,
+    stopwatch: &mut Stopwatch,
+) -> Result<Option<Measured>> {
+    let Some(job) = job else {
+        return crate::measure::measure(comm, case, opts, stopwatch);
+    };
+    job.barrier()?;
+    let mut measured = crate::measure::measure(comm, case, opts, stopwatch)?;
+    if let Some(m) = &mut measured {
+        every_groups_wrong(job, comm, m)?;
+    }
+    Ok(measured)
+}
+
 /// `measured`'s #wrong summed over every group: each group's rank 0 gives its group's sum to an
 /// all-reduce over the whole job (`parent`).
-pub fn every_groups_wrong(
+fn every_groups_wrong(
     parent: &Communicator,
     group: &Communicator,
     measured: &mut Measured,

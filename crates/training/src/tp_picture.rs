@@ -61,9 +61,7 @@ pub fn draw(split: &Split) -> String {
         hidden: h,
     } = split.shape;
     let (b, tp) = (split.batch, split.tp);
-    let w = h / tp;
-    let lane = 110;
-    let height = 130 + lane * tp as i32;
+    let height = 130 + LANE * tp as i32;
     let mut svg = format!(
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="960" height="{height}" font-family="sans-serif" font-size="13">
 <title>Example 07's MLP split over a tensor-parallel group of {tp}: w1 by columns (no communication), w2 by rows (an all-reduce of {fwd} forward, and of {bwd} backward), each shard's gradients all-reduced over a data-parallel group of {dp}</title>
@@ -75,63 +73,88 @@ pub fn draw(split: &Split) -> String {
         bwd = size(b * c * d * 4),
         dp = split.dp,
     );
-    let reduce_x = 580;
     for j in 0..tp {
-        let y = 50 + lane * j as i32;
-        let mid = y + 35;
-        let _ = writeln!(svg, r#"<text x="20" y="{}">rank {j}</text>"#, mid + 4);
-        let input = format!("e [{b} x {}]", c * d);
-        boxed(&mut svg, (70, y, 120, 70), WHOLE, &[&input, "whole input"]);
-        arrow(&mut svg, (190, mid), (218, mid));
-        let cols = format!("w1[:, {}..{}]", j * w, (j + 1) * w);
-        let out = format!("h1 slice [{b} x {w}]");
-        boxed(
-            &mut svg,
-            (230, y, 150, 70),
-            COMPUTE,
-            &["column-parallel", &cols, &out],
-        );
-        arrow(&mut svg, (380, mid), (408, mid));
-        let rows = format!("w2[{}..{}, :]", j * w, (j + 1) * w);
-        let part = format!("a term of [{b} x {h}]");
-        boxed(
-            &mut svg,
-            (410, y, 150, 70),
-            COMPUTE,
-            &["row-parallel", &rows, &part],
-        );
-        arrow(&mut svg, (560, mid), (reduce_x - 2, mid));
+        lane(&mut svg, split, j);
     }
-    let top = 50;
-    let bottom = 50 + lane * (tp as i32 - 1) + 70;
+    let bottom = 50 + LANE * (tp as i32 - 1) + 70;
+    sums(&mut svg, split, (50, bottom));
+    data_parallel(&mut svg, split, bottom + 30);
+    let _ = writeln!(svg, "</svg>");
+    svg
+}
+
+/// Height of a tensor-parallel rank's lane; where the group's all-reduce box starts.
+const LANE: i32 = 110;
+const REDUCE_X: i32 = 580;
+
+/// Rank `j`'s lane: the whole input, its columns of w1, its rows of w2, an arrow to the sum.
+fn lane(svg: &mut String, split: &Split, j: usize) {
+    let Shape {
+        context: c,
+        embed: d,
+        hidden: h,
+    } = split.shape;
+    let (b, w) = (split.batch, h / split.tp);
+    let y = 50 + LANE * j as i32;
+    let mid = y + 35;
+    let _ = writeln!(svg, r#"<text x="20" y="{}">rank {j}</text>"#, mid + 4);
+    let input = format!("e [{b} x {}]", c * d);
+    boxed(svg, (70, y, 120, 70), WHOLE, &[&input, "whole input"]);
+    arrow(svg, (190, mid), (218, mid));
+    let cols = format!("w1[:, {}..{}]", j * w, (j + 1) * w);
+    let out = format!("h1 slice [{b} x {w}]");
+    boxed(
+        svg,
+        (230, y, 150, 70),
+        COMPUTE,
+        &["column-parallel", &cols, &out],
+    );
+    arrow(svg, (380, mid), (408, mid));
+    let rows = format!("w2[{}..{}, :]", j * w, (j + 1) * w);
+    let part = format!("a term of [{b} x {h}]");
+    boxed(
+        svg,
+        (410, y, 150, 70),
+        COMPUTE,
+        &["row-parallel", &rows, &part],
+    );
+    arrow(svg, (560, mid), (REDUCE_X - 2, mid));
+}
+
+/// The group's all-reduce, forward and backward, from `top` to `bottom`, and what follows it.
+fn sums(svg: &mut String, split: &Split, (top, bottom): (i32, i32)) {
+    let Shape {
+        context: c,
+        embed: d,
+        hidden: h,
+    } = split.shape;
+    let b = split.batch;
     let fwd = format!("{} ({b} x {h} floats)", size(b * h * 4));
     let bwd = format!("backward: all-reduce of {}", size(b * c * d * 4));
-    let bwd_what = "(the gradient at e, f's)";
-    boxed(
-        &mut svg,
-        (reduce_x, top, 200, bottom - top),
-        COLLECTIVE,
-        &[
-            "all-reduce (sum)",
-            "over the tp group:",
-            &fwd,
-            "",
-            &bwd,
-            bwd_what,
-        ],
-    );
+    let lines = [
+        "all-reduce (sum)",
+        "over the tp group:",
+        &fwd,
+        "",
+        &bwd,
+        "(the gradient at e, f's)",
+    ];
+    boxed(svg, (REDUCE_X, top, 200, bottom - top), COLLECTIVE, &lines);
     let mid = (top + bottom) / 2;
-    arrow(&mut svg, (reduce_x + 200, mid), (798, mid));
+    arrow(svg, (REDUCE_X + 200, mid), (798, mid));
     let logits = format!("-> {VOCAB} logits");
     boxed(
-        &mut svg,
+        svg,
         (790, mid - 45, 150, 90),
         WHOLE,
         &["+ b2, tanh, w3", &logits, "every rank alike"],
     );
-    let shard: usize = crate::tensor_parallel::shard_lengths(&split.shape, tp)
+}
+
+/// The data-parallel group's all-reduce of each shard's gradients, at `y`.
+fn data_parallel(svg: &mut String, split: &Split, y: i32) {
+    let shard: usize = crate::tensor_parallel::shard_lengths(&split.shape, split.tp)
         .map_or(0, |lengths| lengths.iter().sum());
-    let dp_y = bottom + 30;
     let dp_line = format!(
         "data parallel: each rank's shard, {shard} floats ({}), all-reduced over its dp group of {}",
         size(shard * 4),
@@ -139,14 +162,7 @@ pub fn draw(split: &Split) -> String {
     );
     let dp_how =
         "(the ranks at the same place in every tp group), in buckets, while backward goes on";
-    boxed(
-        &mut svg,
-        (80, dp_y, 860, 50),
-        COLLECTIVE,
-        &[&dp_line, dp_how],
-    );
-    let _ = writeln!(svg, "</svg>");
-    svg
+    boxed(svg, (80, y, 860, 50), COLLECTIVE, &[&dp_line, dp_how]);
 }
 
 /// Writes the picture of `split` to `file`.
