@@ -51,6 +51,9 @@ const NOT_VARIABLES: &[&str] = &[
     // slurm/07-torchrun.sbatch's own shell variable (its knob is NPROC_PER_NODE), in the line
     // the Leonardo chapter shows.
     "PER_NODE",
+    // comm-core's and NCCL's constant for a rank that joins no group (tensor-parallel.md).
+    "NCCL_SPLIT_NOCOLOR",
+    "NO_COLOR",
 ];
 
 /// The names the environment page lists: those it shows as code (`NAME`).
