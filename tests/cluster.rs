@@ -357,11 +357,12 @@ fn job_output(line: &str, sbatch: &Output) -> String {
         .split_whitespace()
         .find(|w| w.ends_with(".sbatch"))
         .unwrap();
-    let name = script
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .trim_end_matches(".sbatch");
+    // The output is `%x-%j.out`: the job's name (its #SBATCH --job-name) and id.
+    let text = std::fs::read_to_string(Path::new(REPO).join(script)).unwrap();
+    let name = text
+        .lines()
+        .find_map(|l| l.strip_prefix("#SBATCH --job-name="))
+        .unwrap_or_else(|| panic!("{script} names no job"));
     let file = box_dir().join(format!("{name}-{id}.out"));
     let job = std::fs::read_to_string(&file).unwrap_or_default();
     let _ = std::fs::remove_file(&file);
