@@ -691,7 +691,7 @@ fn training_exercise(commands: &[String]) -> Result<(), String> {
 /// --tp 2 (48 KB a step: activations), the shard shrinks to 94784 parameters, and the
 /// data-parallel groups of one move nothing.
 fn tensor_parallel_exercise(commands: &[String]) {
-    let (ok, out) = run(&commands[0]);
+    let (ok, out) = run(&commands[0], &workdir());
     assert!(ok, "{out}");
     assert!(
         out.contains("64 of the 256 hidden units and 94784 parameters a rank"),

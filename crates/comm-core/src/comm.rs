@@ -404,7 +404,12 @@ impl Communicator {
             "in-place"
         };
         let checked = call
-            .check(send.as_ref().map(Part::len), recv.len(), self.rank, self.world_size)
+            .check(
+                send.as_ref().map(Part::len),
+                recv.len(),
+                self.rank,
+                self.world_size,
+            )
             .map_err(|e| self.of_group(e))?;
         crate::phase::enter_collective(call.collective);
         let _between = PhaseAfterCall;
