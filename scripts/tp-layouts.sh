@@ -5,8 +5,8 @@
 # and the two side by side: the step time, and the share of it each rank waited for each group.
 #
 #   cargo build --release
-#   sudo scripts/cluster.sh up --nodes 2
-#   sudo scripts/tp-layouts.sh
+#   scripts/cluster.sh up --nodes 2
+#   scripts/tp-layouts.sh
 #
 # Environment (defaults in brackets): BIN_DIR where the programs are [target/release]; ITERS
 # steps per run [30]; BATCH samples per data-parallel rank [256]; HIDDEN the hidden layers' width
@@ -29,7 +29,7 @@ for program in commrun 07-tensor-parallel; do
   [ -x "$BIN_DIR/$program" ] || fail "no $BIN_DIR/$program: build it with 'cargo build --release'"
 done
 nodes=$(bash "$CLUSTER" status 2>/dev/null | awk 'NR == 1 && $2 == "nodes," { print $1 }')
-[ -n "$nodes" ] || fail "no cluster is up: 'sudo $CLUSTER up --nodes 2' first"
+[ -n "$nodes" ] || fail "no cluster is up: '$CLUSTER up --nodes 2' first"
 [ "$nodes" -ge 2 ] || fail "the box has $nodes node; bring it up with --nodes 2"
 for n in "$ITERS" "$BATCH" "$HIDDEN" "$PORT"; do
   [[ $n =~ ^[0-9]+$ ]] || fail "'$n': ITERS, BATCH, HIDDEN and PORT are whole numbers"

@@ -464,7 +464,7 @@ fn slurm_across_nodes(bin: &Path) {
 /// table has both layouts, each with a step time and a waiting share. What it measured is
 /// printed, never asserted.
 fn tp_layouts(bin: &Path) {
-    let line = "sudo scripts/tp-layouts.sh";
+    let line = "scripts/tp-layouts.sh";
     let mut c = as_written(line, "", bin);
     c.envs([
         ("BIN_DIR", bin.to_str().unwrap()),
