@@ -48,6 +48,8 @@ const NOT_VARIABLES: &[&str] = &[
     "ERR_NVGPUCTRPERM",
     "COMPARE_SET",
     "MPI_COMM_WORLD",
+    // settings.rs's constant, the default of --timeout (architecture.md).
+    "DEFAULT_TIMEOUT",
     // slurm/07-torchrun.sbatch's own shell variable (its knob is NPROC_PER_NODE), in the line
     // the Leonardo chapter shows.
     "PER_NODE",
