@@ -22,6 +22,8 @@ pub enum Lab {
     Zero,
     /// 7: a deadlock to find.
     Deadlock,
+    /// 8: a mesh's data-parallel and tensor-parallel groups, with split.
+    Groups,
 }
 
 /// Ranks of the timing and of `--steps` when `-n` does not say (lab 1 times ranks 0 and 1).
@@ -29,7 +31,7 @@ pub const DEFAULT_RANKS: usize = comm_core::launch::DEFAULT_CPU_RANKS;
 
 impl Lab {
     /// Every lab, in the book's order.
-    pub const ALL: [Lab; 7] = [
+    pub const ALL: [Lab; 8] = [
         Lab::PingPong,
         Lab::Broadcast,
         Lab::AllReduce,
@@ -37,6 +39,7 @@ impl Lab {
         Lab::Ddp,
         Lab::Zero,
         Lab::Deadlock,
+        Lab::Groups,
     ];
 
     /// The lab numbered `n`.
@@ -54,6 +57,7 @@ impl Lab {
             Lab::Ddp => 5,
             Lab::Zero => 6,
             Lab::Deadlock => 7,
+            Lab::Groups => 8,
         }
     }
 
@@ -67,6 +71,7 @@ impl Lab {
             Lab::Ddp => "DDP by hand",
             Lab::Zero => "ZeRO-1: the optimizer's state sharded",
             Lab::Deadlock => "a deadlock to find",
+            Lab::Groups => "data-parallel and tensor-parallel groups",
         }
     }
 
@@ -80,6 +85,7 @@ impl Lab {
             Lab::Ddp => "crates/labs/src/lab5_ddp.rs",
             Lab::Zero => "crates/labs/src/lab6_zero.rs",
             Lab::Deadlock => "crates/labs/src/lab7_deadlock.rs",
+            Lab::Groups => "crates/labs/src/lab8_groups.rs",
         }
     }
 
@@ -89,6 +95,7 @@ impl Lab {
             Lab::PingPong => &[2, 3],
             Lab::Broadcast | Lab::AllReduce | Lab::Rings => &[2, 3, 4, 5, 8],
             Lab::Ddp | Lab::Zero | Lab::Deadlock => &[2, 3, 4],
+            Lab::Groups => &[4, 6, 8],
         }
     }
 
@@ -96,6 +103,12 @@ impl Lab {
     /// cases are [`crate::cases`]'s and whose steps `--steps` shows.
     pub fn is_collective(self) -> bool {
         matches!(self, Lab::Broadcast | Lab::AllReduce | Lab::Rings)
+    }
+
+    /// Whether a right run is then timed beside the library's (lab 7 runs a given program, and
+    /// lab 8's groups are the library's communicators: nothing of the student's to time).
+    pub fn is_timed(self) -> bool {
+        !matches!(self, Lab::Deadlock | Lab::Groups)
     }
 
     /// Its `--timeout` unless given: short, so that a hang is found soon; long enough for 8
@@ -111,7 +124,7 @@ impl Lab {
     pub fn collectives(self) -> &'static [Collective] {
         match self {
             Lab::PingPong | Lab::Broadcast => &[Collective::Broadcast],
-            Lab::AllReduce | Lab::Ddp => &[Collective::AllReduce],
+            Lab::AllReduce | Lab::Ddp | Lab::Groups => &[Collective::AllReduce],
             Lab::Rings | Lab::Zero => &[Collective::AllGather, Collective::ReduceScatter],
             Lab::Deadlock => &[Collective::Reduce, Collective::Broadcast],
         }
@@ -141,6 +154,7 @@ impl Lab {
             Lab::Ddp => include_str!("../../../docs/src/lab5-ddp.md"),
             Lab::Zero => include_str!("../../../docs/src/lab6-zero.md"),
             Lab::Deadlock => include_str!("../../../docs/src/lab7-deadlock.md"),
+            Lab::Groups => include_str!("../../../docs/src/lab8-groups.md"),
         }
     }
 

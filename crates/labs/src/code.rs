@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use comm_core::{AsyncComm, Buffer, Communicator, Element, Named, Result};
+use comm_core::{AsyncComm, Buffer, Communicator, Element, Mesh, Named, Result};
 
 use crate::ddp::{Backward, Bucket, Sgd};
 
@@ -95,6 +95,8 @@ pub trait Code {
         stats: &mut Buffer<f32>,
         lr: &mut Buffer<f32>,
     ) -> Result<()>;
+    /// Lab 8.
+    fn mesh_groups(comm: &Communicator, dp: usize, tp: usize) -> Result<Mesh>;
 }
 
 /// Implements [`Code`] for a new type `$whose` with the files of module `$files` (`main.rs`
@@ -202,6 +204,14 @@ macro_rules! code {
             ) -> ::comm_core::Result<()> {
                 use $files as files;
                 files::lab7_deadlock::end_of_step(comm, stats, lr)
+            }
+            fn mesh_groups(
+                comm: &::comm_core::Communicator,
+                dp: usize,
+                tp: usize,
+            ) -> ::comm_core::Result<::comm_core::Mesh> {
+                use $files as files;
+                files::lab8_groups::mesh_groups(comm, dp, tp)
             }
         }
     };

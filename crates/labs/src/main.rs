@@ -14,6 +14,7 @@ mod code;
 mod compare;
 mod ddp;
 mod deadlock;
+mod groups;
 mod panics;
 mod parent;
 mod pingpong;
@@ -36,12 +37,14 @@ mod lab5_ddp;
 #[allow(unused_imports, unused_variables)]
 mod lab6_zero;
 mod lab7_deadlock;
+#[allow(unused_imports, unused_variables)]
+mod lab8_groups;
 
 /// The student's files, as one set of lab files ([`Yours`]).
 mod yours {
     pub(crate) use crate::{
         lab1_ping_pong, lab2_tree_broadcast, lab3_ring_all_reduce, lab4_rings, lab5_ddp, lab6_zero,
-        lab7_deadlock,
+        lab7_deadlock, lab8_groups,
     };
 }
 
@@ -55,6 +58,7 @@ mod solutions {
     pub mod lab5_ddp;
     pub mod lab6_zero;
     pub mod lab7_deadlock;
+    pub mod lab8_groups;
 }
 
 /// The skeletons as a fresh clone has them, kept apart from the student's files.
@@ -68,6 +72,7 @@ mod skeletons {
     pub mod lab5_ddp;
     pub mod lab6_zero;
     pub mod lab7_deadlock;
+    pub mod lab8_groups;
 }
 
 /// One wrong solution per lab, planted on purpose: the checker must catch it and say where.
@@ -80,6 +85,7 @@ mod planted {
     pub mod lab5_ddp;
     pub mod lab6_zero;
     pub mod lab7_deadlock;
+    pub mod lab8_groups;
 }
 
 code::code!(Yours, crate::yours);
@@ -106,7 +112,7 @@ use rank::Work;
     after_help = "The labs run on the CPU backend: any number of ranks on one machine."
 )]
 struct Args {
-    /// The lab to check, 1 to 7 (without one, the labs are listed).
+    /// The lab to check, 1 to 8 (without one, the labs are listed).
     #[arg(value_name = "LAB")]
     lab: Option<usize>,
 
@@ -227,8 +233,14 @@ fn rank_count(text: &str) -> Result<usize, String> {
 /// `cargo lab` alone: the labs, and how to check one.
 fn list() {
     println!("The labs (each has a page in the book: docs/src/lab1-ping-pong.md and on):");
+    let width = Lab::ALL
+        .map(|lab| lab.title().chars().count())
+        .into_iter()
+        .max();
     for lab in Lab::ALL {
-        println!("  {}  {:<38} {}", lab.number(), lab.title(), lab.file());
+        let title = lab.title();
+        let width = width.unwrap_or(0);
+        println!("  {}  {title:<width$}  {}", lab.number(), lab.file());
     }
     println!("Check one with `cargo lab N`; `cargo lab N --solution` runs the reference solution.");
 }

@@ -85,7 +85,7 @@ pub fn check(lab: Lab, whose: Whose, only: Option<usize>, settings: &Settings) -
         lab.title(),
         ranks_in_words(&counts)
     );
-    if lab == Lab::Deadlock || watching {
+    if !lab.is_timed() || watching {
         return 0;
     }
     // Lab 1 times the messages between ranks 0 and 1.
@@ -100,6 +100,7 @@ pub fn check(lab: Lab, whose: Whose, only: Option<usize>, settings: &Settings) -
 fn ranks_in_words(counts: &[usize]) -> String {
     let words: Vec<String> = counts.iter().map(usize::to_string).collect();
     match words.split_last() {
+        Some((last, [])) if last == "1" => "1 rank".into(),
         Some((last, [])) => format!("{last} ranks"),
         Some((last, rest)) => format!("{} and {last} ranks", rest.join(", ")),
         None => String::new(),
@@ -174,6 +175,9 @@ fn failed(lab: Lab, work: Work, ranks: usize, case: Option<usize>, inside: &[usi
         (Work::Cases, Some(k)) if lab.is_collective() => {
             let case = crate::cases::cases(lab, ranks)[k];
             format!(" in {}", case.describe(lab))
+        }
+        (Work::Cases, Some(k)) if lab == Lab::Groups => {
+            format!(" in {}", crate::groups::layouts(ranks)[k].describe())
         }
         (Work::Cases, _) => format!(" on {ranks} ranks"),
         _ => String::new(),

@@ -11,7 +11,7 @@ use comm_core::{BackendChoice, Named, Result, Settings, Topology};
 use crate::catalog::Lab;
 use crate::code::Code;
 use crate::report::{self, Verdict};
-use crate::{compare, ddp, deadlock, panics, pingpong, timing};
+use crate::{compare, ddp, deadlock, groups, panics, pingpong, timing};
 
 /// What a job of ranks does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +47,7 @@ pub fn case_count(lab: Lab, ranks: usize) -> usize {
         Lab::Broadcast | Lab::AllReduce | Lab::Rings => crate::cases::cases(lab, ranks).len(),
         Lab::Ddp | Lab::Zero => ddp::check::Variant::of(lab).len(),
         Lab::Deadlock => deadlock::count(),
+        Lab::Groups => groups::layouts(ranks).len(),
     }
 }
 
@@ -75,6 +76,10 @@ pub fn main<C: Code>(
     panics::install();
     launch::rank_life(settings, topology, |job| {
         let mut comm = job.communicator(BackendChoice::Cpu)?;
+        if lab == Lab::Groups {
+            // Lab 8's code has no steps of its own: --steps would show only the checker's calls.
+            comm = comm.with_steps(false);
+        }
         if work == Work::Timing {
             // The library runs the algorithm the student wrote, unless --algo said otherwise.
             comm = comm.with_algo(settings.algo.or(Some(lab.algo())));
@@ -114,8 +119,9 @@ fn run<C: Code>(
         (Lab::Ddp | Lab::Zero, _) => {
             ddp::check::cases::<C>(lab, comm, job, before, total).map(Some)
         }
-        (Lab::Deadlock, Work::Timing) => Ok(None),
+        (Lab::Deadlock | Lab::Groups, Work::Timing) => Ok(None),
         (Lab::Deadlock, _) => deadlock::cases::<C>(comm, before, total).map(Some),
+        (Lab::Groups, _) => groups::cases::<C>(comm, before, total).map(Some),
         (_, Work::Cases) => compare::cases::<C>(lab, comm, before, total).map(Some),
         (_, Work::Watch) => {
             let quiet = job.communicator(BackendChoice::Cpu)?.with_steps(false);
