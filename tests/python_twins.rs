@@ -71,12 +71,23 @@ fn run(line: &str) -> Option<Pair> {
         .expect("--nproc_per_node=N");
 
     let tag = Tag::new("python-twin");
-    let mut command = torch.as_written(line, &bin);
-    command.plainly().env("CUDA_VISIBLE_DEVICES", "");
-    tag.mark(&mut command);
-    let python = process::start(&mut command).finish(LIMIT);
+    let twin = || {
+        let mut command = torch.as_written(line, &bin);
+        command.plainly().env("CUDA_VISIBLE_DEVICES", "");
+        tag.mark(&mut command);
+        let python = process::start(&mut command).finish(LIMIT);
+        tag.assert_all_gone(line);
+        python
+    };
+    let mut python = twin();
+    // Torch's Gloo connects its full mesh within a deadline of its own; on a loaded 2-core machine
+    // a pair can miss it ("Connection closed by peer" from connectFullMesh, seen in CI). That is
+    // torch's side of the comparison failing, not ours: it gets one more try.
+    if !python.status.success() && python.stderr.contains("connectFullMesh") {
+        eprintln!("{line}: torch's Gloo failed to connect its mesh; once more");
+        python = twin();
+    }
     python.assert_success(line);
-    tag.assert_all_gone(line);
 
     let mut command = Command::new(bin.join(example));
     command

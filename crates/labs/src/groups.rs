@@ -51,7 +51,7 @@ impl Layout {
 /// The layouts checked on `ranks` ranks, in order.
 pub fn layouts(ranks: usize) -> Vec<Layout> {
     let mut out: Vec<Layout> = (1..=ranks)
-        .filter(|dp| ranks % dp == 0)
+        .filter(|dp| ranks.is_multiple_of(*dp))
         .map(|dp| Layout {
             ranks,
             dp,
