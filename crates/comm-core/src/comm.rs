@@ -13,6 +13,7 @@ use crate::backend::{BackendKind, Device};
 use crate::collective::{Call, Collective};
 use crate::dtype::{reduce_into, Element, ReduceOp};
 use crate::error::{CommError, Result};
+use crate::host_memory::HostMemory;
 use crate::steps;
 use crate::store::Store;
 use crate::trace::Span;
@@ -208,12 +209,17 @@ impl Communicator {
     }
 
     /// Copies host values onto the device. On the CPU backend the copy is checked against the
-    /// host memory available first (see [`filled`](Self::filled)).
+    /// host memory available first (see [`filled`](Self::filled)), and lies in registered
+    /// memory where the ranks share a host ([`host_buffer`](Self::host_buffer)).
     pub fn buffer<T: Element>(&self, values: &[T]) -> Result<Buffer<T>> {
         let repr = match &self.engine {
             Engine::Cpu(_) => {
                 crate::memory::check_fits::<T>(values.len(), 1)?;
-                Repr::Host(values.to_vec())
+                self.host_buffer(
+                    values.len(),
+                    |b| b.copy_from_slice(values),
+                    || values.to_vec(),
+                )?
             }
             Engine::Nccl(nccl) => Repr::Device(nccl.upload(values)?),
         };
@@ -225,26 +231,42 @@ impl Communicator {
     /// too large is a usage error naming the size and what is available, not an abort in the
     /// allocator.
     pub fn filled<T: Element>(&self, value: T, len: usize) -> Result<Buffer<T>> {
-        // The values on the host, then the buffer: a second host copy on the CPU backend.
-        let copies = match self.engine {
-            Engine::Cpu(_) => 2,
-            Engine::Nccl(_) => 1,
+        crate::memory::check_fits::<T>(len, 1)?;
+        let repr = match &self.engine {
+            Engine::Cpu(_) => self.host_buffer(len, |b| b.fill(value), || vec![value; len])?,
+            Engine::Nccl(nccl) => Repr::Device(nccl.upload(&vec![value; len])?),
         };
-        crate::memory::check_fits::<T>(len, copies)?;
-        self.buffer(&vec![value; len])
+        Ok(Buffer { repr })
     }
 
-    /// A buffer of `len` zeros on the device, checked as [`filled`](Self::filled) is (the
-    /// zeros on the host are pages the kernel maps on demand: only the buffer counts).
+    /// A buffer of `len` zeros on the device, checked as [`filled`](Self::filled) is.
     pub fn zeros<T: Element>(&self, len: usize) -> Result<Buffer<T>> {
-        crate::memory::check_fits::<T>(len, 1)?;
-        self.buffer(&vec![T::default(); len])
+        self.filled(T::default(), len)
+    }
+
+    /// A CPU buffer of `len` elements: in registered memory, set by `fill`, where the
+    /// transport reads peers' buffers in place (every rank on this host, `--copy auto` or
+    /// `registered`), so that collectives on it take one copy per byte; else `heap()`'s `Vec`.
+    fn host_buffer<T: Element>(
+        &self,
+        len: usize,
+        fill: impl FnOnce(&mut [T]),
+        heap: impl FnOnce() -> Vec<T>,
+    ) -> Result<Repr<T>> {
+        let registers = match &self.engine {
+            Engine::Cpu(t) => len > 0 && t.window().is_some(),
+            Engine::Nccl(_) => false,
+        };
+        Ok(Repr::Host(match registers {
+            true => HostMemory::registered(self.rank, len, fill)?,
+            false => HostMemory::Heap(heap()),
+        }))
     }
 
     /// Copies a buffer back to the host (waiting for work on it to finish).
     pub fn to_host<T: Element>(&self, buf: &Buffer<T>) -> Result<Vec<T>> {
         match (&self.engine, &buf.repr) {
-            (Engine::Cpu(_), Repr::Host(v)) => Ok(v.clone()),
+            (Engine::Cpu(_), Repr::Host(v)) => Ok(v.to_vec()),
             (Engine::Nccl(nccl), Repr::Device(d)) => nccl.download(d),
             _ => Err(wrong_kind()),
         }

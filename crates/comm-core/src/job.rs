@@ -146,6 +146,7 @@ impl Job {
                         transport: settings.transport,
                         copy: settings.copy,
                         refuse_cross_memory: false,
+                        refuse_registered: false,
                     },
                     ip,
                     run_id: topology.run_id.clone(),

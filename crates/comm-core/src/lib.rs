@@ -25,6 +25,7 @@ pub mod error;
 pub mod failure_record;
 pub mod grid;
 pub mod host;
+mod host_memory;
 pub mod job;
 pub mod launch;
 pub mod memory;

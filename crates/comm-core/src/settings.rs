@@ -123,10 +123,10 @@ pub struct JobArgs {
           default_value = TransportChoice::default().name())]
     pub transport: TransportChoice,
 
-    /// How CPU ranks of one host move large messages: one copy, the receiver reading the
+    /// How CPU ranks of one host move large messages: from registered buffers, which every
+    /// rank of the host maps (as NCCL's registered buffers), one copy, the receiver reading the
     /// sender's buffer (cross-memory attach, as NCCL's P2P transport), or two through shared
-    /// memory (as NCCL's SHM). auto takes one copy only where it was measured to win, and
-    /// every pair can.
+    /// memory (as NCCL's SHM). auto takes what was measured fastest where every rank can.
     #[arg(long, value_name = "COPY", value_parser = choices(copy_help),
           default_value = CopyChoice::default().name())]
     pub copy: CopyChoice,
@@ -249,10 +249,10 @@ fn transport_help(t: TransportChoice) -> &'static str {
 fn copy_help(c: CopyChoice) -> &'static str {
     match c {
         CopyChoice::Auto => {
-            "One copy (cross-memory attach) from the size where it was measured to win, where \
-             every pair of the job's hosts can read each other's memory; two copies through the \
-             rings otherwise (on the 2-core VM it was measured on, one copy lost at every size: \
-             the rings)"
+            "Registered buffers where every rank shares one host and can open its peers' \
+             memory; for other buffers one copy (cross-memory attach) from the size where it was \
+             measured to win, else two copies through the rings (on the 2-core VM it was \
+             measured on, registered buffers won at every size, and the rings beat one copy)"
         }
         CopyChoice::Single => {
             "One copy for every message: the receiver reads the sender's buffer itself \
@@ -260,6 +260,11 @@ fn copy_help(c: CopyChoice) -> &'static str {
         }
         CopyChoice::Ring => {
             "Two copies for every message: into a ring of shared memory, and out of it"
+        }
+        CopyChoice::Registered => {
+            "The communicator's buffers live in shared memory every rank of the host maps, and \
+             a collective reads its peers' buffers where they lie: one copy per byte, no \
+             message; an error where the ranks do not share one host"
         }
     }
 }

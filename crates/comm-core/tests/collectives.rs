@@ -1,8 +1,8 @@
 //! Every collective and reduction of comm-core's collective table, against a sequential
 //! reference on random data: world sizes 1 to 8, lengths 0, 1, not divisible by the world size
 //! and 16 MiB, each dtype, in place and out of place, over every transport (channels between
-//! threads, real TCP sockets, and shared-memory segments, through their rings or by one copy
-//! from the sender's buffer).
+//! threads, real TCP sockets, and shared-memory segments: reading the peers' registered buffers
+//! where they lie, through the rings, or by one copy from the sender's buffer).
 //!
 //! Inputs are small whole numbers, so every float sum and product is exact and the ring's order
 //! of additions cannot make a correct result look wrong.
@@ -24,9 +24,13 @@ const BIG_BYTES: usize = 16 << 20;
 enum Wire {
     Channels,
     Tcp,
+    /// Shared memory as `--copy auto` has it on one host: the communicator's buffers are
+    /// registered and collectives read the peers' buffers where they lie.
     Shm,
     /// Shared memory, every message by one copy (`--copy single`: cross-memory attach).
     ShmSingle,
+    /// Shared memory, every message through the rings (`--copy ring`).
+    ShmRing,
 }
 
 /// Runs `body` on `n` ranks, one thread each, and returns what each rank returned.
@@ -36,7 +40,7 @@ fn on_ranks<R: Send>(n: usize, wire: Wire, body: impl Fn(&Communicator) -> R + S
             .into_iter()
             .map(|t| Box::new(t) as Box<dyn Transport>)
             .collect(),
-        Wire::Tcp | Wire::Shm | Wire::ShmSingle => {
+        Wire::Tcp | Wire::Shm | Wire::ShmSingle | Wire::ShmRing => {
             let server = StoreServer::bind(0, n).unwrap();
             let port = server.port();
             std::thread::scope(|s| {
@@ -71,15 +75,17 @@ fn on_ranks<R: Send>(n: usize, wire: Wire, body: impl Fn(&Communicator) -> R + S
 /// One rank's end of `wire` between processes.
 fn connect(wire: Wire, store: &Store, prefix: &str, rank: usize, n: usize) -> Box<dyn Transport> {
     match wire {
-        Wire::Shm | Wire::ShmSingle => {
+        Wire::Shm | Wire::ShmSingle | Wire::ShmRing => {
             let ip = store.local_ip();
             let wiring = Wiring {
                 transport: TransportChoice::Shm,
                 copy: match wire {
                     Wire::ShmSingle => CopyChoice::Single,
+                    Wire::ShmRing => CopyChoice::Ring,
                     _ => CopyChoice::Auto,
                 },
                 refuse_cross_memory: false,
+                refuse_registered: false,
             };
             cpu::connect(
                 &store.scoped(prefix),
@@ -200,6 +206,13 @@ fn shm_world_sizes_1_to_8() {
 }
 
 #[test]
+fn shm_ring_world_sizes_1_to_8() {
+    for n in 1..=8 {
+        all_dtypes(Wire::ShmRing, n, &small_lengths(n));
+    }
+}
+
+#[test]
 fn shm_single_copy_world_sizes_1_to_8() {
     for n in 1..=8 {
         all_dtypes(Wire::ShmSingle, n, &small_lengths(n));
@@ -262,6 +275,11 @@ fn shm_16_mib() {
 }
 
 #[test]
+fn shm_ring_16_mib() {
+    big(Wire::ShmRing);
+}
+
+#[test]
 fn shm_single_copy_16_mib() {
     big(Wire::ShmSingle);
 }
@@ -315,7 +333,13 @@ fn eight_ranks(wire: Wire) {
 
 #[test]
 fn ranks_that_disagree_on_sizes_get_an_error_not_a_hang() {
-    for wire in [Wire::Channels, Wire::Tcp, Wire::Shm, Wire::ShmSingle] {
+    for wire in [
+        Wire::Channels,
+        Wire::Tcp,
+        Wire::Shm,
+        Wire::ShmSingle,
+        Wire::ShmRing,
+    ] {
         let errors = on_ranks(2, wire, |comm| {
             let len = if comm.rank() == 0 { 8 } else { 12 };
             let mut buf = comm.buffer(&vec![1i32; len]).unwrap();
@@ -387,7 +411,7 @@ fn bad_arguments_are_usage_errors() {
 
 #[test]
 fn a_peer_that_disappears_is_reported() {
-    for wire in [Wire::Tcp, Wire::Shm, Wire::ShmSingle] {
+    for wire in [Wire::Tcp, Wire::Shm, Wire::ShmSingle, Wire::ShmRing] {
         a_peer_disappears(wire);
     }
 }
@@ -569,11 +593,16 @@ fn the_transport_line_says_which_copy() {
             CopyChoice::Ring,
             "; two copies through its rings (--copy ring)",
         ),
+        (
+            CopyChoice::Registered,
+            "; one copy from registered buffers (--copy registered)",
+        ),
     ] {
         let wiring = Wiring {
             transport: TransportChoice::Auto,
             copy,
             refuse_cross_memory: false,
+            refuse_registered: false,
         };
         for got in wired(3, |_| wiring) {
             let why = format!("shared memory between the 3 ranks of this host{added}");
@@ -592,6 +621,7 @@ fn one_rank_that_cannot_read_turns_single_copy_off_for_all() {
             transport: TransportChoice::Shm,
             copy,
             refuse_cross_memory: rank == 2,
+            refuse_registered: false,
         }
     };
     let why = "rank 2 cannot read rank 0's memory: refused";
@@ -641,6 +671,7 @@ fn ranks_given_different_copies_are_told() {
         transport: TransportChoice::Auto,
         copy: [CopyChoice::Auto, CopyChoice::Ring][rank],
         refuse_cross_memory: false,
+        refuse_registered: false,
     });
     let e = got[1].as_ref().unwrap_err();
     assert!(

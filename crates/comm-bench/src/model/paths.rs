@@ -37,7 +37,7 @@ pub fn path(collective: Collective, bytes: u64, n: usize, asked: Option<Algo>) -
     }
     let schedule = schedule(collective, bytes as usize, n, asked)?;
     Some(Path {
-        algo: schedule.algo().name(),
+        algo: schedule.name(),
         words: schedule.words(),
         steps: schedule.steps(bytes as usize, n) as f64,
         bytes: schedule.link_bytes(bytes as f64, n),

@@ -4,6 +4,7 @@
 
 use crate::backend::nccl::GroupSafe;
 use crate::dtype::Element;
+use crate::host_memory::HostMemory;
 use crate::error::{CommError, Result};
 
 /// Elements on the communicator's device: host memory for the CPU backend, GPU memory for NCCL.
@@ -15,7 +16,8 @@ pub struct Buffer<T: Element> {
 /// Where a buffer's elements are.
 #[derive(Debug)]
 pub(super) enum Repr<T: Element> {
-    Host(Vec<T>),
+    /// On the heap, or in registered memory where the ranks share a host.
+    Host(HostMemory<T>),
     /// Never freed inside an open NCCL group, whose kernels only run at its end.
     Device(GroupSafe<T>),
 }

@@ -22,9 +22,11 @@ pub enum TransportChoice {
 /// and NCCL_SHM_DISABLE choose between NCCL's P2P and SHM transports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CopyChoice {
-    /// One copy (cross-memory attach) from the size where it was measured to win, where every
-    /// pair of the job's hosts can read each other's memory; two copies through the rings
-    /// otherwise (on the 2-core VM it was measured on, one copy lost at every size: the rings).
+    /// Registered buffers where every rank shares one host and can open its peers' memory
+    /// (measured faster than the rings at every size, `shm/pool.rs`); for other buffers, one
+    /// copy (cross-memory attach) from the size where it was measured to win, where every pair
+    /// of the job's hosts can read each other's memory; two copies through the rings otherwise
+    /// (on the 2-core VM it was measured on, one copy lost at every size: the rings).
     #[default]
     Auto,
     /// One copy for every message: the receiver reads the sender's buffer itself
@@ -32,6 +34,11 @@ pub enum CopyChoice {
     Single,
     /// Two copies for every message: into a ring of shared memory, and out of it.
     Ring,
+    /// Buffers the communicator allocates live in shared memory every rank of the host maps, and
+    /// a collective reads its peers' buffers where they lie: one copy, no message (an error
+    /// where the ranks do not all share one host, or a peer's memory cannot be opened); other
+    /// buffers go through the rings.
+    Registered,
 }
 
 impl Named for TransportChoice {
@@ -47,13 +54,14 @@ impl Named for TransportChoice {
 }
 
 impl Named for CopyChoice {
-    const ALL: &'static [Self] = &[Self::Auto, Self::Single, Self::Ring];
+    const ALL: &'static [Self] = &[Self::Auto, Self::Single, Self::Ring, Self::Registered];
 
     fn name(self) -> &'static str {
         match self {
             CopyChoice::Auto => "auto",
             CopyChoice::Single => "single",
             CopyChoice::Ring => "ring",
+            CopyChoice::Registered => "registered",
         }
     }
 }
@@ -69,6 +77,10 @@ pub struct Wiring {
     /// whose policy refuses cross-memory reads.
     #[doc(hidden)]
     pub refuse_cross_memory: bool,
+    /// For tests: this rank's check that it can open its peers' registered buffers fails, as
+    /// on a host that forbids one process to open another's memory files.
+    #[doc(hidden)]
+    pub refuse_registered: bool,
 }
 
 impl From<TransportChoice> for Wiring {
@@ -78,6 +90,7 @@ impl From<TransportChoice> for Wiring {
             transport,
             copy: CopyChoice::Auto,
             refuse_cross_memory: false,
+            refuse_registered: false,
         }
     }
 }

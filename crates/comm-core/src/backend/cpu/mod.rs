@@ -13,13 +13,17 @@ mod tcp;
 mod traced;
 mod transport;
 
-pub use algorithms::{algos_of, chosen, schedule, schedules, Algo, Schedule, CHAIN_SEGMENT_BYTES};
+pub use algorithms::{
+    algos_of, chosen, registered_schedule, schedule, schedules, Algo, Schedule, CHAIN_SEGMENT_BYTES,
+};
 pub use channel::ChannelTransport;
 pub use connected::{Connected, CopyChoice, TransportChoice, Wiring};
 pub use shm::{remove_own_segments, ShmTcpTransport};
 pub use tcp::TcpTransport;
 pub use traced::Traced;
-pub use transport::{threaded_send_recv_with, CallScope, Sink, Transport, PIECE_BYTES};
+pub use transport::{
+    threaded_send_recv_with, CallScope, Signature, Sink, Transport, Window, WindowCall, PIECE_BYTES,
+};
 
 use crate::error::{CommError, Result};
 use crate::named::Named;

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::transport::{Sink, Transport};
+use super::transport::{Sink, Transport, Window};
 use crate::error::Result;
 use crate::trace::{self, Args, Span};
 
@@ -143,5 +143,11 @@ impl Transport for Traced {
 
     fn name(&self) -> &'static str {
         self.inner.name()
+    }
+
+    /// The window's calls send no messages: they show as their own slices (reads, reductions,
+    /// barriers), which the registered algorithms record.
+    fn window(&self) -> Option<Box<dyn Window + '_>> {
+        self.inner.window()
     }
 }

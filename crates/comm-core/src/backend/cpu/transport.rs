@@ -12,6 +12,8 @@ use std::time::Duration;
 
 pub(crate) use crate::deadline::Deadline;
 
+use crate::collective::{Call, Collective};
+use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{CommError, Result};
 
 /// Ordered, reliable point-to-point messages between the ranks of a group: all the CPU
@@ -66,6 +68,99 @@ pub trait Transport: Send + Sync {
 
     /// Short name for messages and reports ("tcp", "channels").
     fn name(&self) -> &'static str;
+
+    /// The peers' registered buffers, read where they lie, where every rank shares this host
+    /// and the job agreed on them (shared memory, `--copy registered` or auto): `None` here.
+    fn window(&self) -> Option<Box<dyn Window + '_>> {
+        None
+    }
+}
+
+/// The registered buffers of every rank of a host, one call at a time (see the shared-memory
+/// transport's `window.rs`): a collective reads its peers' buffers in place instead of sending
+/// messages.
+pub trait Window {
+    /// Opens a call of `signature` on this rank's `send` (`None` in place) and `recv`, once every
+    /// rank has posted its own: `None` where some rank's buffers are not registered, on every
+    /// rank alike (the call then takes messages); an error where a rank makes another call.
+    fn open<'c>(
+        &'c self,
+        signature: Signature,
+        send: Option<&[u8]>,
+        recv: &[u8],
+    ) -> Result<Option<Box<dyn WindowCall + 'c>>>;
+}
+
+/// One call on registered buffers, under way: between two [`fence`](WindowCall::fence)s a rank
+/// writes only bytes no peer reads in that phase, and reads only bytes nobody writes in it.
+pub trait WindowCall {
+    /// Rank `peer`'s input: its send buffer, or in place its one buffer (not this rank's own).
+    fn input(&self, peer: usize) -> &[u8];
+    /// Rank `peer`'s receive buffer (not this rank's own).
+    fn output(&self, peer: usize) -> &[u8];
+    /// Whether rank `peer` called in place (its input is then its receive buffer).
+    fn in_place(&self, peer: usize) -> bool;
+    /// Ends a phase: waits until every rank has ended it.
+    fn fence(&self) -> Result<()>;
+    /// Ends the call: waits until no rank reads this rank's buffers any more.
+    fn close(self: Box<Self>) -> Result<()>;
+}
+
+/// A collective call as every rank must make it: ranks that read each other's buffers compare
+/// theirs first, so a rank that called something else is an error, never a read out of bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct Signature {
+    collective: u64,
+    op: u64,
+    root: u64,
+    dtype: u64,
+    /// The receive buffer's bytes (the send buffer's follow from them and the collective).
+    recv_bytes: u64,
+}
+
+impl Signature {
+    /// `call` on elements of `T`, receiving `recv_bytes`.
+    pub fn of<T: Element>(call: &Call, recv_bytes: usize) -> Signature {
+        Signature {
+            collective: call.collective as u64,
+            op: call.op as u64,
+            root: call.root as u64,
+            dtype: T::DTYPE as u64,
+            recv_bytes: recv_bytes as u64,
+        }
+    }
+
+    /// The call in words, for an error: "all_reduce (sum) of 4096 bytes of float",
+    /// "broadcast (root 1) of 8 bytes of int32".
+    pub fn words(&self) -> String {
+        let collective = Collective::ALL.get(self.collective as usize);
+        let op = ReduceOp::ALL
+            .get(self.op as usize)
+            .map_or("?", |o| o.name());
+        let dtype = DType::ALL.iter().find(|&&d| d as u64 == self.dtype);
+        let how = match collective.map(|c| c.describe()) {
+            Some(d) if d.reduces && d.rooted => format!(" ({op}, root {})", self.root),
+            Some(d) if d.reduces => format!(" ({op})"),
+            Some(d) if d.rooted => format!(" (root {})", self.root),
+            _ => String::new(),
+        };
+        format!(
+            "{}{how} of {} bytes of {}",
+            collective.map_or("another collective", |c| c.name()),
+            self.recv_bytes,
+            dtype.map_or("another type", |d| d.name())
+        )
+    }
+
+    /// Whether `other` is this call with other buffer sizes only.
+    pub fn sizes_differ(&self, other: &Signature) -> bool {
+        self.recv_bytes != other.recv_bytes
+            && Signature {
+                recv_bytes: self.recv_bytes,
+                ..*other
+            } == *self
+    }
 }
 
 /// What [`Transport::send_recv_with`] hands each received piece to: its offset in the message,

@@ -20,7 +20,7 @@ use crate::trace;
 /// step: the buffers arrive in scratch, and the sum appears at the end.
 pub const DIRECT_ALL_REDUCE: Schedule = Schedule {
     collective: Collective::AllReduce,
-    algo: Algo::Direct,
+    algo: Some(Algo::Direct),
     words: "direct: n−1 steps of s",
     steps: |_, n| n.saturating_sub(1),
     link_bytes: |s, n| (n - 1.0) * s + s,

@@ -31,6 +31,7 @@ mod barrier;
 mod blocks;
 mod choice;
 mod direct;
+mod registered;
 mod ring;
 mod rooted;
 mod schedule;
@@ -45,6 +46,7 @@ pub use all_to_all::all_to_all;
 pub use barrier::barrier;
 pub use blocks::block;
 pub use choice::{chosen, Algo, CHAIN_SEGMENT_BYTES};
+pub use registered::WHOLE_BYTES;
 pub use ring::{
     all_gather, all_gather_into, all_reduce, all_reduce_into, reduce_scatter, reduce_scatter_into,
     ring_all_gather, ring_reduce_scatter, Partials,
@@ -73,6 +75,11 @@ pub fn run<T: Element>(
     recv: &mut [T],
     algo: Option<Algo>,
 ) -> Result<()> {
+    // Registered buffers on one host: the peers' buffers read where they lie, unless an
+    // algorithm was named or the steps are shown (both the same on every rank).
+    if algo.is_none() && !crate::steps::watched() && registered::run(t, checked, send, recv)? {
+        return Ok(());
+    }
     let Call { op, root, .. } = checked.call;
     let count = checked.counts.count;
     match (checked.call.collective, send) {
@@ -125,7 +132,7 @@ pub fn algos_of(collective: Collective) -> &'static [Algo] {
     // Kept for the program's life, so that a caller holds a slice as `schedules` gives one.
     static NAMES: OnceLock<Vec<Vec<Algo>>> = OnceLock::new();
     let names = NAMES.get_or_init(|| {
-        let names_of = |c: Collective| schedules(c).iter().map(|s| s.algo).collect();
+        let names_of = |c: Collective| schedules(c).iter().filter_map(|s| s.algo).collect();
         Collective::ALL.into_iter().map(names_of).collect()
     });
     &names[collective as usize]
@@ -140,7 +147,14 @@ pub fn schedule(
     asked: Option<Algo>,
 ) -> Option<&'static Schedule> {
     let algo = chosen(collective, bytes, n, asked)?;
-    schedules(collective).iter().find(|s| s.algo == algo)
+    schedules(collective).iter().find(|s| s.algo == Some(algo))
+}
+
+/// The description of `collective`'s algorithm on registered buffers, which runs in place of
+/// [`schedule`]'s where every rank shares a host and its buffers are registered (`--copy auto`
+/// or `registered`): what explains such a call's time. `None` where it has none.
+pub fn registered_schedule(collective: Collective) -> Option<&'static Schedule> {
+    registered::registered(collective)
 }
 
 #[cfg(test)]
@@ -161,7 +175,8 @@ mod tests {
                 assert_eq!(algos_of(c).contains(&a), obeyed, "{c} {}", a.name());
             }
             for bytes in [0, 1 << 10, 1 << 20, 1 << 30] {
-                let described = schedule(c, bytes, 4, None).map(|s| (s.collective, s.algo));
+                let described =
+                    schedule(c, bytes, 4, None).and_then(|s| Some((s.collective, s.algo?)));
                 let runs = chosen(c, bytes, 4, None).map(|a| (c, a));
                 assert_eq!(described, runs, "{c} at {bytes} bytes");
             }

@@ -22,7 +22,7 @@ use crate::trace;
 /// The ring all-reduce: a ring reduce-scatter, then a ring all-gather of the reduced blocks.
 pub const RING_ALL_REDUCE: Schedule = Schedule {
     collective: Collective::AllReduce,
-    algo: Algo::Ring,
+    algo: Some(Algo::Ring),
     words: "ring: 2(n−1) steps of s/n",
     steps: |bytes, n| RING_REDUCE_SCATTER.steps(bytes, n) + RING_ALL_GATHER.steps(bytes, n),
     link_bytes: |s, n| (RING_REDUCE_SCATTER.link_bytes)(s, n) + (RING_ALL_GATHER.link_bytes)(s, n),
@@ -33,7 +33,7 @@ pub const RING_ALL_REDUCE: Schedule = Schedule {
 /// next rank and reduces the block that arrives from the previous one.
 pub const RING_REDUCE_SCATTER: Schedule = Schedule {
     collective: Collective::ReduceScatter,
-    algo: Algo::Ring,
+    algo: Some(Algo::Ring),
     words: "ring: n−1 steps of s/n",
     steps: |_, n| n.saturating_sub(1),
     link_bytes: |s, n| (n - 1.0) * (s / n),
@@ -44,7 +44,7 @@ pub const RING_REDUCE_SCATTER: Schedule = Schedule {
 /// the next rank.
 pub const RING_ALL_GATHER: Schedule = Schedule {
     collective: Collective::AllGather,
-    algo: Algo::Ring,
+    algo: Some(Algo::Ring),
     words: "ring: n−1 steps of s/n",
     steps: |_, n| n.saturating_sub(1),
     link_bytes: |s, n| (n - 1.0) * (s / n),

@@ -8,14 +8,16 @@
 
 use super::choice::Algo;
 use crate::collective::Collective;
+use crate::named::Named;
 
 /// How one CPU algorithm of one collective moves a call's bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct Schedule {
     /// The collective it runs.
     pub(super) collective: Collective,
-    /// Its name, as `--algo` takes it.
-    pub(super) algo: Algo,
+    /// Its name, as `--algo` takes it; `None` for the registered algorithms, which the buffers
+    /// choose (`--copy`), not `--algo`.
+    pub(super) algo: Option<Algo>,
     /// Its counts as a reader writes them (`ring: 2(n−1) steps of s/n`).
     pub(super) words: &'static str,
     /// Messages one after another on one rank's critical path, for `bytes` on `n` ranks: the
@@ -34,9 +36,14 @@ impl Schedule {
         self.collective
     }
 
-    /// Its name, as `--algo` takes it.
-    pub fn algo(&self) -> Algo {
+    /// Its name, as `--algo` takes it (`None`: the registered algorithms).
+    pub fn algo(&self) -> Option<Algo> {
         self.algo
+    }
+
+    /// Its name as tables print it: `--algo`'s, or "registered".
+    pub fn name(&self) -> &'static str {
+        self.algo.map_or("registered", |a| a.name())
     }
 
     /// Its counts in words (`ring: 2(n−1) steps of s/n`), as `comm-bench model` prints them.

@@ -17,7 +17,7 @@ use crate::trace;
 /// The binomial-tree broadcast: ⌈log2 n⌉ rounds, each sending the whole buffer on.
 pub const TREE_BROADCAST: Schedule = Schedule {
     collective: Collective::Broadcast,
-    algo: Algo::Tree,
+    algo: Some(Algo::Tree),
     words: "tree: ⌈log2 n⌉ steps of s",
     steps: |_, n| tree_rounds(n),
     link_bytes: |s, n| tree_rounds(n as usize) as f64 * s,
@@ -30,7 +30,7 @@ pub const TREE_BROADCAST: Schedule = Schedule {
 /// segments wait behind the one in flight.
 pub const CHAIN_BROADCAST: Schedule = Schedule {
     collective: Collective::Broadcast,
-    algo: Algo::Chain,
+    algo: Some(Algo::Chain),
     words: "chain: n−2+k steps of a 1 MiB segment, k segments",
     steps: |bytes, n| (chain_segments(bytes) + n).saturating_sub(2),
     link_bytes: |s, n| s + (n - 2.0) * s.max(1.0).min(SEGMENT_BYTES as f64),

@@ -4,33 +4,21 @@
 //! the ranks of other hosts.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use super::cma;
 use super::ring::{Doorbell, Ring};
 use super::segment::Segment;
+use super::waiting::{Pacing, Waiter};
+use super::window::Window;
 use crate::backend::cpu::context::Context;
 use crate::backend::cpu::tcp::TcpTransport;
 use crate::backend::cpu::transport::{
-    piece, piece_count, recv_pieces, send_pieces, send_while_receiving, size_mismatch, CallScope,
-    Deadline, Sink, Transport,
+    self, piece, piece_count, recv_pieces, send_pieces, send_while_receiving, size_mismatch,
+    CallScope, Deadline, Sink, Transport,
 };
 use crate::error::{CommError, Result};
 use crate::streaming::{copy, Stores};
 use crate::trace;
-
-/// Spins before yielding, then yields before sleeping: short waits (a peer a slot behind) cost
-/// no system call; waits up to [`YIELDING`] give the core to any rank that can run (the one
-/// waited for, when ranks outnumber cores) yet wake at once; only longer ones sleep, where a
-/// wake-up costs a system call and the scheduler's delay.
-const SPINS: u32 = 64;
-/// Measured on 2 and 4 ranks of a 2-core VM (`comm-bench --collectives all -b 8 -e 64M -f 4`,
-/// `-z 0` against `-z 3`): with 50 yields and then sleeps, back-to-back calls cost up to 7x a call
-/// on its own (a rank woken from its futex after each barrier); yielding for 2 ms brings that
-/// within 1.2x on 2 ranks for all but 7 of 192 rows.
-const YIELDING: Duration = Duration::from_millis(2);
-/// The longest a sleeping rank goes without checking the deadline and its peers.
-const NAP: Duration = Duration::from_millis(5);
 
 /// Processes as ranks: shared memory to the ranks of this host, TCP to the others (see
 /// [`super`]'s documentation). Built by `wiring::connect` where a peer shares this host.
@@ -47,6 +35,10 @@ pub struct ShmTcpTransport {
     /// Messages of this many bytes or more go by one copy (cross-memory attach); `None`: all
     /// through the rings.
     single_from: Option<usize>,
+    /// Every rank's registered buffers, where the job has them (every rank on this host).
+    window: Option<Window>,
+    /// How long a waiting rank spins and yields before it sleeps.
+    pacing: Pacing,
     /// The mappings the rings point into; declared after `pairs` and `doorbell`, so dropped
     /// after them.
     _segments: Vec<Segment>,
@@ -120,8 +112,17 @@ impl ShmTcpTransport {
             pairs,
             doorbell,
             single_from,
+            window: None,
+            pacing: Pacing::for_host(1, 1),
             _segments: segments,
         }
+    }
+
+    /// The transport with `window` on the registered buffers, waiting as `pacing` says.
+    pub(super) fn with_window(mut self, window: Option<Window>, pacing: Pacing) -> Self {
+        self.window = window;
+        self.pacing = pacing;
+        self
     }
 
     /// Ranks this rank reaches through shared memory.
@@ -129,52 +130,30 @@ impl ShmTcpTransport {
         self.pairs.iter().flatten().count()
     }
 
-    /// Waits until `ready()` holds, checked after every ring of this rank's doorbell. While it
-    /// sleeps it checks the deadline and the peers in `watch` (their TCP links closing means
-    /// they died or failed); `doing` says, for the error, what waited on whom.
+    /// Waits until `ready()` holds, checked after every ring of this rank's doorbell, as
+    /// [`Waiter::wait`] does; the error names the first peer in `watch` at the deadline.
     fn wait(
         &self,
         deadline: Deadline,
-        mut ready: impl FnMut() -> bool,
+        ready: impl FnMut() -> bool,
         watch: &[(usize, &'static str)],
     ) -> Result<()> {
-        let bell = self.doorbell;
-        let mut round = 0u32;
-        let mut yielding_since = None;
-        loop {
-            let seen = bell.seen();
-            if ready() {
-                return Ok(());
-            }
-            round += 1;
-            if round <= SPINS {
-                std::hint::spin_loop();
-                continue;
-            }
-            let since = *yielding_since.get_or_insert_with(std::time::Instant::now);
-            if since.elapsed() < YIELDING {
-                std::thread::yield_now();
-                continue;
-            }
-            self.ctx.check()?;
+        let timed_out = || {
+            let (peer, doing) = watch[0];
             let rank = self.ctx.rank();
-            for &(peer, doing) in watch {
-                if self.tcp.peer_closed(peer) {
-                    let e = CommError::PeerClosed { rank, peer, doing };
-                    return Err(self.ctx.fail(e));
-                }
-            }
-            let Some(nap) = deadline.wait_at_most(NAP) else {
-                let (peer, doing) = watch[0];
-                return Err(self.ctx.fail(CommError::Timeout {
-                    what: format!("rank {peer} while rank {rank} was {doing} it"),
-                    timeout: self.ctx.timeout(),
-                    detail: " (is that rank stuck, or did the ranks call different collectives?)"
-                        .into(),
-                    missing: vec![peer],
-                }));
-            };
-            bell.sleep(seen, nap);
+            let what = format!("rank {peer} while rank {rank} was {doing} it");
+            self.waiter().timeout(what, vec![peer])
+        };
+        self.waiter()
+            .wait(self.doorbell, deadline, ready, watch, timed_out)
+    }
+
+    /// How this rank waits.
+    fn waiter(&self) -> Waiter<'_> {
+        Waiter {
+            ctx: &self.ctx,
+            tcp: &self.tcp,
+            pacing: self.pacing,
         }
     }
 
@@ -489,6 +468,11 @@ impl Transport for ShmTcpTransport {
 
     fn end_call(&self) {
         self.ctx.end_call()
+    }
+
+    fn window(&self) -> Option<Box<dyn transport::Window + '_>> {
+        let window = self.window.as_ref()?;
+        Some(Box::new(window.with(self.waiter())))
     }
 
     fn name(&self) -> &'static str {

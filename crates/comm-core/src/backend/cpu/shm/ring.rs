@@ -283,6 +283,14 @@ unsafe impl Send for Doorbell {}
 unsafe impl Sync for Doorbell {}
 
 impl Doorbell {
+    /// The doorbell whose counter is `count` and whose sleepers are counted in `sleepers`.
+    ///
+    /// # Safety
+    /// Both must live in shared memory that outlives the doorbell, used only as atomics.
+    pub(crate) unsafe fn at(count: &AtomicU32, sleepers: &AtomicU32) -> Doorbell {
+        Doorbell { count, sleepers }
+    }
+
     fn count(&self) -> &AtomicU32 {
         // SAFETY: points into a live inbox header (the type's invariant).
         unsafe { &*self.count }

@@ -9,6 +9,7 @@
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::ptr::NonNull;
 
 /// Every segment of ours is named `/ncw-<pid>-<rank>-<random>`.
@@ -65,7 +66,7 @@ impl Segment {
         // number rather than setting errno.
         let reserved = unsafe { libc::posix_fallocate(fd, 0, len as libc::off_t) };
         let mapped = match reserved {
-            0 => map(fd, len),
+            0 => map(fd, len, libc::PROT_READ | libc::PROT_WRITE),
             e => Err(io::Error::from_raw_os_error(e)),
         };
         // SAFETY: fd is ours and used no more; the mapping keeps the object alive.
@@ -94,7 +95,7 @@ impl Segment {
             ))),
             _ => Err(io::Error::last_os_error()),
         };
-        let mapped = sized.and_then(|_| map(fd, len));
+        let mapped = sized.and_then(|_| map(fd, len, libc::PROT_READ | libc::PROT_WRITE));
         // SAFETY: fd is ours and used no more.
         unsafe { libc::close(fd) };
         Ok(Segment {
@@ -128,6 +129,206 @@ impl Drop for Segment {
     }
 }
 
+/// A segment only its descriptor names: created in /dev/shm and unlinked at once (nothing is
+/// left there however the process ends), its descriptor kept open so that peers can open it
+/// through `/proc/<pid>/fd/<fd>` whenever they need it, after setting up; what registered
+/// buffers and the boards their calls meet on live in ([`super::pool`], [`super::board`]).
+pub(crate) struct Held {
+    segment: Segment,
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Held {
+    /// `len` bytes (all reserved now, as [`Segment::create`]) for rank `rank`, in /dev/shm;
+    /// with `huge`, on the huge pages the host offers instead ([`HugePages`]).
+    pub(crate) fn create(rank: usize, len: usize, huge: HugePages) -> io::Result<Held> {
+        let fd = match huge {
+            HugePages::Reserved => memfd(libc::MFD_HUGETLB)?,
+            HugePages::Transparent => memfd(0)?,
+            HugePages::OnDevShm | HugePages::None => open_unlinked(rank)?,
+        };
+        // SAFETY: fd is the descriptor just opened; posix_fallocate returns the error number.
+        let reserved = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len as libc::off_t) };
+        if reserved != 0 {
+            return Err(io::Error::from_raw_os_error(reserved));
+        }
+        let base = map(fd.as_raw_fd(), len, libc::PROT_READ | libc::PROT_WRITE)?;
+        if huge != HugePages::None && huge != HugePages::Reserved {
+            // SAFETY: advice on a range this process just mapped; it changes no contents.
+            unsafe { libc::madvise(base.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+        }
+        let segment = Segment {
+            base,
+            len,
+            linked: None,
+        };
+        Ok(Held { segment, fd })
+    }
+
+    /// The first byte of the mapping; `len()` bytes follow.
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.segment.base()
+    }
+
+    /// Its length.
+    pub(crate) fn len(&self) -> usize {
+        self.segment.len
+    }
+
+    /// The descriptor peers open it by, in this process.
+    pub(crate) fn fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl Segment {
+    /// Maps the segment process `pid` holds open as descriptor `fd` ([`Held`]), all of it, which
+    /// must be at least `len` bytes: read-only, or read and write with `write`. The kernel lets
+    /// a process of the same user open another's descriptors (the check is ptrace's read mode,
+    /// which Yama leaves alone).
+    pub(crate) fn open_held(
+        pid: libc::pid_t,
+        fd: i32,
+        len: usize,
+        write: bool,
+    ) -> io::Result<Segment> {
+        let path = CString::new(format!("/proc/{pid}/fd/{fd}")).map_err(io::Error::other)?;
+        let (flags, prot) = match write {
+            true => (libc::O_RDWR, libc::PROT_READ | libc::PROT_WRITE),
+            false => (libc::O_RDONLY, libc::PROT_READ),
+        };
+        // SAFETY: path is a valid NUL-terminated string.
+        let raw = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: raw is a descriptor this process just opened and owns alone.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is open and stat is a valid out-pointer.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut stat) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let size = stat.st_size as usize;
+        if size < len {
+            return Err(io::Error::other(format!(
+                "it holds {size} bytes, not {len}"
+            )));
+        }
+        Ok(Segment {
+            base: map(fd.as_raw_fd(), size, prot)?,
+            len: size,
+            linked: None,
+        })
+    }
+
+    /// Its length.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// Which pages a [`Held`] segment gets: the huge pages the host offers for shared memory, as
+/// [`HugePages::offered`] finds them, or the ordinary 4 KiB ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HugePages {
+    /// Pages of the huge page pool (hugetlbfs: `vm.nr_hugepages`), reserved for this.
+    Reserved,
+    /// /dev/shm is mounted with huge pages (`huge=` other than `never`).
+    OnDevShm,
+    /// Transparent huge pages for shared memory (`shmem_enabled` always, within_size or
+    /// advise): a memory file, not in /dev/shm.
+    Transparent,
+    /// 4 KiB pages.
+    None,
+}
+
+impl HugePages {
+    /// What the host offers for `bytes` more: free pages of the huge page pool first, then
+    /// /dev/shm's own, then transparent huge pages for shared memory; else none.
+    pub(crate) fn offered(bytes: usize) -> HugePages {
+        let free = meminfo_kib("HugePages_Free").unwrap_or(0);
+        let size = meminfo_kib("Hugepagesize").unwrap_or(0) * 1024;
+        if size > 0 && free * size >= bytes as u64 {
+            return HugePages::Reserved;
+        }
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let dev_shm = mounts
+            .lines()
+            .find(|l| l.split(' ').nth(1) == Some(SHM_DIR));
+        if dev_shm.is_some_and(|l| l.contains("huge=") && !l.contains("huge=never")) {
+            return HugePages::OnDevShm;
+        }
+        let shmem = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+        let chosen = shmem.ok().and_then(|s| {
+            let start = s.find('[')?;
+            Some(s[start + 1..start + s[start..].find(']')?].to_string())
+        });
+        match chosen.as_deref() {
+            Some("always" | "within_size" | "advise" | "force") => HugePages::Transparent,
+            _ => HugePages::None,
+        }
+    }
+
+    /// The size segments are made in: whole huge pages of the pool.
+    pub(crate) fn granule(self) -> usize {
+        match self {
+            HugePages::Reserved => 2 << 20,
+            _ => 4096,
+        }
+    }
+
+    /// For the transport line: "" for 4 KiB pages.
+    pub(crate) fn words(self) -> &'static str {
+        match self {
+            HugePages::Reserved => "on 2 MiB huge pages",
+            HugePages::OnDevShm => "on /dev/shm's huge pages",
+            HugePages::Transparent => "on transparent huge pages, outside /dev/shm",
+            HugePages::None => "",
+        }
+    }
+}
+
+/// A field of /proc/meminfo, in KiB (or a count, for HugePages_Free).
+fn meminfo_kib(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with(&format!("{field}:")))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A fresh file in /dev/shm under this process's prefix, unlinked before it is returned: its
+/// name lives a few microseconds (a rank killed then leaves it to [`sweep_stale`]).
+fn open_unlinked(rank: usize) -> io::Result<std::os::fd::OwnedFd> {
+    let name = CString::new(Segment::fresh_name(rank)).map_err(io::Error::other)?;
+    // SAFETY: name is a valid NUL-terminated string; the flags create a new object only.
+    let raw = unsafe {
+        libc::shm_open(
+            name.as_ptr(),
+            libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: name is a valid NUL-terminated string.
+    unsafe { libc::shm_unlink(name.as_ptr()) };
+    // SAFETY: raw is the descriptor shm_open just returned, owned by nobody else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) })
+}
+
+/// An anonymous memory file (`memfd_create`) with `flags` besides close-on-exec.
+fn memfd(flags: libc::c_uint) -> io::Result<std::os::fd::OwnedFd> {
+    // SAFETY: a constant NUL-terminated name; memfd_create touches nothing else of ours.
+    let raw = unsafe { libc::memfd_create(c"ncw-registered".as_ptr(), libc::MFD_CLOEXEC | flags) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: raw is the descriptor memfd_create just returned, owned by nobody else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) })
+}
+
 /// A number no other process will have picked: a segment's name, the token stamped in it.
 pub(crate) fn random_token() -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -137,19 +338,10 @@ pub(crate) fn random_token() -> u64 {
     hasher.finish()
 }
 
-/// Maps `len` bytes of `fd` shared, read and write.
-fn map(fd: libc::c_int, len: usize) -> io::Result<NonNull<u8>> {
+/// Maps `len` bytes of `fd` shared, with protection `prot`.
+fn map(fd: libc::c_int, len: usize, prot: libc::c_int) -> io::Result<NonNull<u8>> {
     // SAFETY: a fresh shared mapping of an open descriptor; the kernel picks the address.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }

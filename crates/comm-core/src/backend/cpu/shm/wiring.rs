@@ -6,8 +6,11 @@
 use super::cma;
 use super::data_path::{Pair, ShmTcpTransport};
 use super::inboxes::{host_ranks, share_memory, summary, unmapped_peers, Shared};
+use super::pool;
 use super::ring::Inbox;
 use super::segment;
+use super::waiting::{self, Pacing};
+use super::window::Window;
 use crate::backend::cpu::connected::{Connected, CopyChoice, TransportChoice, Wiring};
 use crate::backend::cpu::tcp::TcpTransport;
 use crate::backend::cpu::transport::Transport;
@@ -51,9 +54,11 @@ pub(crate) fn connect(tcp: TcpTransport, scope: &Scoped, wiring: Wiring) -> Resu
         return Err(ranks_elsewhere(rank, world_size, &host));
     }
     let peers: Vec<usize> = host.iter().copied().filter(|&r| r != rank).collect();
+    let pacing = Pacing::for_host(host.len(), waiting::cores());
+    let (window, registered) = registered_buffers(&scope, rank, world_size, &host, wiring)?;
     // Kept until every rank has said whether it could read it (agree_on_copy).
     let _probe = match wiring.copy {
-        CopyChoice::Ring => None,
+        CopyChoice::Ring | CopyChoice::Registered => None,
         _ => {
             cma::allow_peers();
             let probe = cma::Probe::new(segment::random_token());
@@ -78,7 +83,7 @@ pub(crate) fn connect(tcp: TcpTransport, scope: &Scoped, wiring: Wiring) -> Resu
         return Ok(Connected::alone(tcp, "shared memory could not be set up"));
     };
     let readable = match wiring.copy {
-        CopyChoice::Ring => Ok(Vec::new()),
+        CopyChoice::Ring | CopyChoice::Registered => Ok(Vec::new()),
         _ => {
             let peers: Vec<usize> = mapped.iter().map(|(peer, _)| *peer).collect();
             readable_peers(&scope, rank, &peers, wiring.refuse_cross_memory)?
@@ -92,14 +97,61 @@ pub(crate) fn connect(tcp: TcpTransport, scope: &Scoped, wiring: Wiring) -> Resu
     let pairs = pairs(rank, world_size, &host, &own, &mapped, &pids);
     let mut why = summary(rank, world_size, mapped.len(), host.len());
     if !mapped.is_empty() {
+        why.push_str(&registered);
         why.push_str(&note);
     }
     let doorbell = own.doorbell();
-    let transport = ShmTcpTransport::new(tcp, pairs, doorbell, single_from, segments);
+    let transport = ShmTcpTransport::new(tcp, pairs, doorbell, single_from, segments)
+        .with_window(window, pacing);
     Ok(Connected {
         transport: Box::new(transport),
         why,
     })
+}
+
+/// The window on every rank's registered buffers ([`Window`]), where `wiring.copy` asks for
+/// them (`Registered`, or `Auto`) and every rank of the job shares this host; and what the
+/// transport line adds. `--copy registered` where they cannot be had is an error saying why.
+fn registered_buffers(
+    scope: &Scoped,
+    rank: usize,
+    world_size: usize,
+    host: &[usize],
+    wiring: Wiring,
+) -> Result<(Option<Window>, String)> {
+    let asked = wiring.copy == CopyChoice::Registered;
+    if !matches!(wiring.copy, CopyChoice::Auto | CopyChoice::Registered) {
+        return Ok((None, String::new()));
+    }
+    if host.len() < world_size {
+        if asked {
+            let others = (0..world_size).filter(|r| !host.contains(r));
+            return Err(CommError::Usage(format!(
+                "--copy registered: ranks {} run on other hosts than rank {rank}'s; registered                  buffers join the ranks of one host (--copy auto uses them where every rank                  shares one)",
+                crate::error::rank_list(others)
+            )));
+        }
+        return Ok((None, String::new()));
+    }
+    let refuse = wiring.refuse_registered;
+    let pages = pool::pages(0).words();
+    match Window::connect(scope, rank, world_size, refuse)? {
+        Ok(window) => {
+            let note = match (asked, pages) {
+                (true, "") => "; one copy from registered buffers (--copy registered)".into(),
+                (true, pages) => {
+                    format!("; one copy from registered buffers {pages} (--copy registered)")
+                }
+                (false, "") => String::new(),
+                (false, pages) => format!("; registered buffers {pages}"),
+            };
+            Ok((Some(window), note))
+        }
+        Err(why) if asked => Err(CommError::Backend(format!(
+            "--copy registered: {why} (--copy ring or auto runs without it)"
+        ))),
+        Err(why) => Ok((None, format!("; no registered buffers: {why}"))),
+    }
 }
 
 /// The error for `--transport shm` where some ranks run on other hosts than this one's `host`.
@@ -183,9 +235,14 @@ fn agree_on_copy(
     copy: CopyChoice,
     readable: Readable,
 ) -> Result<Copying> {
-    if copy == CopyChoice::Ring {
-        let note = "; two copies through its rings (--copy ring)";
-        return Ok(Copying::rings(note.into()));
+    match copy {
+        CopyChoice::Ring => {
+            let note = "; two copies through its rings (--copy ring)";
+            return Ok(Copying::rings(note.into()));
+        }
+        // Messages (of buffers the window does not reach) take the rings.
+        CopyChoice::Registered => return Ok(Copying::rings(String::new())),
+        CopyChoice::Auto | CopyChoice::Single => {}
     }
     let ours = match &readable {
         Ok(_) => "yes".to_string(),
