@@ -522,8 +522,12 @@ fn describe(comm: &Communicator, collective: Collective) -> (String, String) {
         }
         Device::Cpu(_) => (
             format!(
-                "{} transport{} (comm-core {})",
+                "{} transport{}{} (comm-core {})",
                 comm.transport().unwrap_or("?"),
+                match comm.registers_buffers() {
+                    true => format!(", {}", record::REGISTERED_BUFFERS),
+                    false => String::new(),
+                },
                 // Named only where this collective has it: --algo ring on all_reduce and
                 // broadcast in one run leaves broadcast to choose by size.
                 comm.algo()

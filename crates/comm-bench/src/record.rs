@@ -13,6 +13,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::BenchError;
 use crate::measure::{Measured, Outcome, Placement};
 
+/// What a CPU row's backend adds after its transport when the ranks read each other's
+/// registered buffers (`shm transport, registered buffers`): the model then takes the registered
+/// algorithm's path.
+pub const REGISTERED_BUFFERS: &str = "registered buffers";
+
 /// One measured point.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {

@@ -1,7 +1,9 @@
 //! The shared-memory transport as a user meets it: comm-bench's ranks on one host move bytes
 //! through /dev/shm segments whose names are gone while the job runs, a rank killed with
-//! `kill -9` mid-collective ends the job with an error naming it, and nothing is left behind:
-//! no process and no segment. The header and the transport line say which transport ran.
+//! `kill -9` mid-collective (reading registered buffers, or through the rings) ends the job
+//! with an error naming it, and nothing is left behind: no process and no segment. A /dev/shm
+//! too small for the registered buffers says how much was asked. The header and the transport
+//! line say which transport ran.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -60,15 +62,26 @@ fn segments_of(pids: &[i32]) -> Vec<String> {
 
 #[test]
 fn a_rank_killed_mid_collective_leaves_no_process_and_no_segment() {
+    // Registered buffers (the default on one host), read in place; then the rings.
+    killed_mid_collective("registered", "all_reduce");
+    killed_mid_collective("registered", "broadcast");
+    killed_mid_collective("ring", "all_reduce");
+}
+
+/// Kills rank 1 of 3 while they run `collective` with `--copy copy`, over and over: the job ends
+/// with an error naming it, and no process and no segment are left.
+fn killed_mid_collective(copy: &str, collective: &str) {
     let job = start(comm_bench().args([
         "--backend",
         "cpu",
         "--transport",
         "shm",
+        "--copy",
+        copy,
         "--world-sizes",
         "3",
         "--collectives",
-        "all_reduce",
+        collective,
         "-b",
         "16M",
         "-e",
@@ -91,7 +104,7 @@ fn a_rank_killed_mid_collective_leaves_no_process_and_no_segment() {
         }
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "the 3 ranks never mapped shared memory: {ranks:?}"
+            "{copy} {collective}: the 3 ranks never mapped shared memory: {ranks:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -115,12 +128,12 @@ fn a_rank_killed_mid_collective_leaves_no_process_and_no_segment() {
     assert_ne!(finished.status.code(), Some(0), "{finished:?}");
     assert!(
         killed_at.elapsed() < Duration::from_secs(20),
-        "the job took {:?} to end after rank 1 was killed",
+        "{copy} {collective}: the job took {:?} to end after rank 1 was killed",
         killed_at.elapsed()
     );
     assert!(
         finished.stderr.contains("rank 1"),
-        "the error names the killed rank:\n{}",
+        "{copy} {collective}: the error names the killed rank:\n{}",
         finished.stderr
     );
     assert!(!finished.stderr.contains("panicked"), "{}", finished.stderr);
@@ -157,8 +170,88 @@ fn the_header_and_transport_line_say_which_transport_ran() {
         let name = if transport == "tcp" { "tcp" } else { "shm" };
         let line = format!("transport: {name} ({says})");
         assert_eq!(stdout.lines().nth(1), Some(line.as_str()), "{stdout}");
-        let header = format!("backend cpu ({name} transport (comm-core");
+        // One host: the communicator's buffers are registered and the header says so.
+        let header = match name {
+            "tcp" => "backend cpu (tcp transport (comm-core".to_string(),
+            _ => format!("backend cpu ({name} transport, registered buffers (comm-core"),
+        };
         assert!(stdout.contains(&header), "{header} in:\n{stdout}");
         assert!(stdout.contains("# Wrong elements       : 0 OK"), "{stdout}");
     }
+}
+
+/// Runs `comm-bench args` with a /dev/shm of 6 MB of its own (a mount namespace, as a container
+/// with a small `--shm-size` has); `None` where this machine lets no test mount one.
+fn with_small_dev_shm(args: &[&str]) -> Option<std::process::Output> {
+    let probe = Command::new("unshare")
+        .args([
+            "--mount",
+            "sh",
+            "-c",
+            "mount -t tmpfs -o size=6M tmpfs /dev/shm",
+        ])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: unshare --mount cannot mount a small /dev/shm here (not root?)");
+        return None;
+    }
+    let script = r#"mount -t tmpfs -o size=6M tmpfs /dev/shm && exec "$@""#;
+    let mut c = Command::new("unshare");
+    c.args(["--mount", "sh", "-c", script, "sh"])
+        .arg(env!("CARGO_BIN_EXE_comm-bench"))
+        .args(args)
+        .plainly();
+    Some(c.output().unwrap())
+}
+
+/// Registered buffers live in /dev/shm: where it is too small, `--copy registered` ends the job
+/// with the rings' message and the size asked for; `--copy auto` warns once and runs the
+/// buffers that do not fit through the rings.
+#[test]
+fn a_dev_shm_too_small_for_registered_buffers_says_how_much() {
+    let args = |copy| {
+        [
+            "--backend",
+            "cpu",
+            "--world-sizes",
+            "2",
+            "--copy",
+            copy,
+            "--collectives",
+            "all_reduce",
+            "-b",
+            "8M",
+            "-e",
+            "8M",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--timeout",
+            "30",
+        ]
+    };
+    let Some(out) = with_small_dev_shm(&args("registered")) else {
+        return;
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("creating 8196 KiB in /dev/shm for a registered buffer of 8 MiB failed")
+            && stderr.contains("No space left on device")
+            && stderr.contains("docker run --shm-size raises it"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let out = with_small_dev_shm(&args("auto")).unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("# Wrong elements       : 0 OK"), "{stdout}");
+    assert!(
+        stderr.contains("warning: ") && stderr.contains("through the rings"),
+        "{stderr}"
+    );
 }

@@ -191,6 +191,16 @@ impl Communicator {
         }
     }
 
+    /// Whether this CPU communicator's buffers lie in registered memory, where its collectives
+    /// read the peers' buffers in place (every rank on this host, `--copy auto` or
+    /// `registered`); false on NCCL.
+    pub fn registers_buffers(&self) -> bool {
+        match &self.engine {
+            Engine::Cpu(t) => t.window().is_some(),
+            Engine::Nccl(_) => false,
+        }
+    }
+
     /// The CPU algorithm asked for (`--algo`), if any.
     pub fn algo(&self) -> Option<Algo> {
         self.algo
@@ -253,14 +263,11 @@ impl Communicator {
         fill: impl FnOnce(&mut [T]),
         heap: impl FnOnce() -> Vec<T>,
     ) -> Result<Repr<T>> {
-        let registers = match &self.engine {
-            Engine::Cpu(t) => len > 0 && t.window().is_some(),
-            Engine::Nccl(_) => false,
+        let window = match &self.engine {
+            Engine::Cpu(t) => t.window(),
+            Engine::Nccl(_) => None,
         };
-        Ok(Repr::Host(match registers {
-            true => HostMemory::registered(self.rank, len, fill)?,
-            false => HostMemory::Heap(heap()),
-        }))
+        Ok(Repr::Host(HostMemory::new(window, len, fill, heap)?))
     }
 
     /// Copies a buffer back to the host (waiting for work on it to finish).

@@ -7,7 +7,8 @@ use std::ops::{Deref, DerefMut};
 
 use bytemuck::{cast_slice, cast_slice_mut};
 
-use crate::backend::cpu::shm::{self, Region};
+use crate::backend::cpu::shm::Region;
+use crate::backend::cpu::Window;
 use crate::dtype::Element;
 use crate::error::Result;
 
@@ -20,10 +21,22 @@ pub(crate) enum HostMemory<T: Element> {
 }
 
 impl<T: Element> HostMemory<T> {
-    /// `len` elements in registered memory for rank `rank`, each set by `fill` (the memory
-    /// may hold an earlier buffer's bytes until then).
-    pub(crate) fn registered(rank: usize, len: usize, fill: impl FnOnce(&mut [T])) -> Result<Self> {
-        let region = shm::registered(rank, len * std::mem::size_of::<T>())?;
+    /// `len` elements, each set by `fill`: in registered memory where `window` has room for
+    /// them (the memory may hold an earlier buffer's bytes until filled), else `heap()`'s.
+    pub(crate) fn new(
+        window: Option<Box<dyn Window + '_>>,
+        len: usize,
+        fill: impl FnOnce(&mut [T]),
+        heap: impl FnOnce() -> Vec<T>,
+    ) -> Result<Self> {
+        let bytes = len * std::mem::size_of::<T>();
+        let region = match window {
+            Some(window) if len > 0 => window.allocate(bytes)?,
+            _ => None,
+        };
+        let Some(region) = region else {
+            return Ok(HostMemory::Heap(heap()));
+        };
         let mut memory = HostMemory::Registered { region, len };
         fill(&mut memory);
         Ok(memory)

@@ -14,8 +14,9 @@ use comm_core::backend::cpu::{
     self, ChannelTransport, CopyChoice, TcpTransport, Transport, TransportChoice, Wiring,
 };
 use comm_core::check::{cases, input, Case, Mismatch};
+use comm_core::comm::Buffers;
 use comm_core::store::{Store, StoreServer};
-use comm_core::{Collective, Communicator, Element, ReduceOp};
+use comm_core::{Buffer, Collective, Communicator, Element, ReduceOp};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const BIG_BYTES: usize = 16 << 20;
@@ -678,4 +679,66 @@ fn ranks_given_different_copies_are_told() {
         e.contains("rank 0 runs --copy auto but rank 1 was given --copy ring"),
         "{e}"
     );
+}
+
+/// Calls on registered buffers back to back: the moment a call returns, each rank copies its
+/// result out and overwrites its buffers, so a peer that still read them after the call
+/// returned would take the overwritten values and show a wrong result. Every collective that
+/// reads registered buffers, in place and out, sizes on both sides of the small all-reduce's
+/// bound, roots in turn, one rank sleeping now and then to shake the timing.
+#[test]
+fn registered_calls_back_to_back_never_read_a_returned_buffer() {
+    let n = 3;
+    let collectives = [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::Broadcast,
+    ];
+    let counts = [1, 1000, 70_001, 300_000];
+    let results = on_ranks(n, Wire::Shm, |comm| {
+        let mut wrong = Vec::new();
+        for round in 0..400u64 {
+            let case = Case {
+                collective: collectives[round as usize % 4],
+                count: counts[(round as usize / 4) % 4],
+                op: ReduceOp::Sum,
+                root: round as usize % n,
+                in_place: (round / 16) % 2 == 0,
+                seed: round,
+            };
+            let mut buffers = case.buffers::<i32>(comm).unwrap();
+            case.call(comm, &mut buffers).unwrap();
+            let got = case.result(comm, &buffers).unwrap();
+            match &mut buffers {
+                Buffers::InPlace(buf) => overwrite(comm, buf),
+                Buffers::OutOfPlace { send, recv } => {
+                    overwrite(comm, send);
+                    overwrite(comm, recv);
+                }
+            }
+            let want = case.expected::<i32>(comm.rank(), n);
+            let mismatch = Mismatch::between("result", &got, &want);
+            if mismatch.wrong > 0 {
+                wrong.push(format!(
+                    "round {round}, {}: {:?}",
+                    case.name(i32::DTYPE),
+                    mismatch.first
+                ));
+            }
+            if round % 7 == comm.rank() as u64 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        wrong
+    });
+    for (rank, wrong) in results.iter().enumerate() {
+        assert!(wrong.is_empty(), "rank {rank}: {wrong:?}");
+    }
+}
+
+/// Overwrites `buf` with a value no call makes.
+fn overwrite(comm: &Communicator, buf: &mut Buffer<i32>) {
+    let poison = comm.filled(-7_777_777, buf.len()).unwrap();
+    comm.copy_from_host(&poison, buf).unwrap();
 }

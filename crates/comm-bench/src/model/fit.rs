@@ -25,7 +25,7 @@ use comm_core::backend::cpu::Algo;
 use comm_core::timing::median;
 use comm_core::Collective;
 
-use super::paths::{path, working_set, Path};
+use super::paths::{path, registered_path, working_set, Path};
 use super::solver::{dot, nonnegative_least_squares, COLUMNS};
 
 /// One point to fit: the call's path, its buffers' bytes, its measured time.
@@ -117,6 +117,9 @@ pub struct Shape {
     pub in_place: bool,
     /// `--algo`, if the sweep named one.
     pub asked: Option<Algo>,
+    /// The ranks read each other's registered buffers (the row's backend says "registered
+    /// buffers"): the registered algorithm's path, not the messages'.
+    pub registered: bool,
     /// The CPU backend: its copies run from the host's caches or its memory (NCCL's do not).
     pub on_cpu: bool,
 }
@@ -127,7 +130,10 @@ impl Shape {
         let (c, n) = (self.collective, self.world_size);
         Some(Point {
             size,
-            path: path(c, size, n, self.asked)?,
+            path: match self.registered {
+                true => registered_path(c, size, n)?,
+                false => path(c, size, n, self.asked)?,
+            },
             working_set: working_set(c, size, n, self.in_place),
             time_us,
         })
@@ -355,6 +361,7 @@ pub(crate) mod synthetic {
             world_size,
             in_place: false,
             asked: None,
+            registered: false,
             on_cpu: true,
         }
     }

@@ -5,9 +5,9 @@
 //! `cpu::schedule`); the buffers' shapes come from comm-core's collective table. A collective
 //! with no described algorithm has no path.
 
-use comm_core::backend::cpu::{schedule, schedules, Algo};
+use comm_core::backend::cpu::{registered_schedule, schedule, schedules, Algo};
 use comm_core::collective::Span;
-use comm_core::{Collective, Named};
+use comm_core::Collective;
 
 /// Whether the model has a path for `collective`: whether comm-core describes any of its
 /// algorithms. `comm-bench model` names the others when it skips a series of one.
@@ -36,6 +36,23 @@ pub fn path(collective: Collective, bytes: u64, n: usize, asked: Option<Algo>) -
         return None;
     }
     let schedule = schedule(collective, bytes as usize, n, asked)?;
+    Some(Path {
+        algo: schedule.name(),
+        words: schedule.words(),
+        steps: schedule.steps(bytes as usize, n) as f64,
+        bytes: schedule.link_bytes(bytes as f64, n),
+        reduced: schedule.reduced_bytes(bytes as f64, n),
+    })
+}
+
+/// The critical path of `collective` on registered buffers (`--copy registered`, or auto on
+/// one host): each rank reads its peers' buffers where they lie, in the steps of comm-core's
+/// registered algorithm. `None` for one rank and for a collective that has none.
+pub fn registered_path(collective: Collective, bytes: u64, n: usize) -> Option<Path> {
+    if n < 2 {
+        return None;
+    }
+    let schedule = registered_schedule(collective)?;
     Some(Path {
         algo: schedule.name(),
         words: schedule.words(),
@@ -127,6 +144,26 @@ mod tests {
                 "chain: n−2+k steps of a 1 MiB segment, k segments"
             ]
         );
+    }
+
+    #[test]
+    fn registered_paths_read_each_peers_block_once() {
+        let s = 1u64 << 20;
+        let sf = s as f64;
+        let all_reduce = registered_path(Collective::AllReduce, s, 4).unwrap();
+        assert_eq!((all_reduce.algo, all_reduce.steps), ("registered", 2.0));
+        assert_eq!(
+            (all_reduce.bytes, all_reduce.reduced),
+            (1.5 * sf, 0.75 * sf)
+        );
+        let small = registered_path(Collective::AllReduce, 1024, 4).unwrap();
+        assert_eq!(small.steps, 1.0);
+        let gather = registered_path(Collective::AllGather, s, 4).unwrap();
+        assert_eq!((gather.steps, gather.bytes), (1.0, 0.75 * sf));
+        let broadcast = registered_path(Collective::Broadcast, s, 4).unwrap();
+        assert_eq!(broadcast.bytes, sf);
+        assert!(registered_path(Collective::AllToAll, s, 4).is_none());
+        assert!(registered_path(Collective::AllReduce, s, 1).is_none());
     }
 
     #[test]

@@ -169,7 +169,7 @@ fn copy_counts(fit: &Fit, machine: Option<&Machine>) -> Vec<String> {
     }
     if machine.is_some() && (cache || memory) {
         words.push(
-            "(The shared-memory rings copy every byte twice, into the ring and out, on two cores at once; `--copy single` once; a reduction also reads what arrived.)".into(),
+            "(The shared-memory rings copy every byte twice, into the ring and out, on two cores at once; `--copy single` once, by the kernel; registered buffers once, by the rank that receives it; a reduction also reads what arrived.)".into(),
         );
     }
     words

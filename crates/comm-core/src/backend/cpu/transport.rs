@@ -12,6 +12,7 @@ use std::time::Duration;
 
 pub(crate) use crate::deadline::Deadline;
 
+use super::shm::Region;
 use crate::collective::{Call, Collective};
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{CommError, Result};
@@ -80,6 +81,11 @@ pub trait Transport: Send + Sync {
 /// transport's `window.rs`): a collective reads its peers' buffers in place instead of sending
 /// messages.
 pub trait Window {
+    /// `bytes` of registered memory for a buffer of this rank: `None` where they do not fit in
+    /// /dev/shm and the job may do without (`--copy auto`: the buffer goes on the heap, and its
+    /// calls through messages, with a warning); an error saying the size where it may not.
+    fn allocate(&self, bytes: usize) -> Result<Option<Region>>;
+
     /// Opens a call of `signature` on this rank's `send` (`None` in place) and `recv`, once every
     /// rank has posted its own: `None` where some rank's buffers are not registered, on every
     /// rank alike (the call then takes messages); an error where a rank makes another call.

@@ -38,15 +38,9 @@ mod window;
 mod wiring;
 
 pub use data_path::ShmTcpTransport;
-pub(crate) use pool::Region;
+pub use pool::Region;
 pub use segment::leftovers;
 pub(super) use wiring::connect;
-
-/// `len` bytes of registered memory for rank `rank`, which the ranks of its host can read where
-/// they lie ([`pool`]): a /dev/shm too small is an error naming the size.
-pub(crate) fn registered(rank: usize, len: usize) -> crate::error::Result<Region> {
-    pool::allocate(rank, len)
-}
 
 /// Unlinks the segments this process created and has not unlinked yet, and those of processes
 /// that died before unlinking theirs (a rank 0 killed with -9): for a rank about to exit because

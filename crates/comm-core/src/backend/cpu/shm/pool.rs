@@ -25,8 +25,9 @@ use crate::units::human_bytes;
 pub(crate) const HEADER_BYTES: usize = 4096;
 /// What a segment's header starts with.
 const MAGIC: [u8; 8] = *b"NCWPOOL1";
-/// Segments are made at least this large: small buffers share one.
-const MIN_SEGMENT_BYTES: usize = 4 << 20;
+/// Segments are made at least this large: small buffers share one. Small, because the pool
+/// lives in /dev/shm beside the rings' inboxes (a container's 64 MB by default).
+const MIN_SEGMENT_BYTES: usize = 1 << 20;
 /// Buffers from this size start on a page.
 const PAGE_ALIGNED_FROM: usize = 64 << 10;
 
@@ -110,7 +111,7 @@ pub(crate) fn token() -> u64 {
 
 /// A buffer's bytes in the pool; given back when dropped.
 #[derive(Debug)]
-pub(crate) struct Region {
+pub struct Region {
     ptr: *mut u8,
     len: usize,
 }
@@ -186,15 +187,22 @@ pub(crate) fn allocate(rank: usize, len: usize) -> Result<Region> {
 
 /// A fresh segment with room for `len` bytes after its header.
 fn new_segment(rank: usize, len: usize) -> Result<PoolSegment> {
-    let want = (HEADER_BYTES + stretch(len) + 4096).max(MIN_SEGMENT_BYTES);
+    let want = (HEADER_BYTES + stretch(len).next_multiple_of(4096)).max(MIN_SEGMENT_BYTES);
     let huge = HugePages::offered(want);
     let bytes = want.next_multiple_of(huge.granule());
-    let held = Held::create(rank, bytes, huge).map_err(|e| {
+    // Huge pages another process took first: ordinary ones, then.
+    let held = Held::create(rank, bytes, huge).or_else(|e| match huge {
+        HugePages::None => Err(e),
+        _ => Held::create(rank, want, HugePages::None),
+    });
+    let bytes = held.as_ref().map_or(bytes, |h| h.len());
+    let held = held.map_err(|e| {
         CommError::Backend(format!(
-            "rank {rank}: creating {} of registered buffers in /dev/shm failed: {e} (is \
-             /dev/shm full or too small? docker run --shm-size raises it; --copy ring keeps \
+            "creating {} in /dev/shm for a registered buffer of {} failed: {e} \
+             (is /dev/shm full or too small? docker run --shm-size raises it; --copy ring keeps \
              buffers out of it)",
-            human_bytes(bytes as f64)
+            human_bytes(bytes as f64),
+            human_bytes(len as f64)
         ))
     })?;
     let serial = SERIAL.fetch_add(1, Ordering::Relaxed);

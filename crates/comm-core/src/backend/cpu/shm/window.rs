@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard};
 
 use super::board::{Board, Post, BOARD_BYTES};
-use super::pool::{self, Location};
+use super::pool::{self, Location, Region};
 use super::segment::{random_token, Held, HugePages, Segment};
 use super::waiting::Waiter;
 use crate::backend::cpu::transport::{Signature, Window as WindowOnHost, WindowCall};
@@ -37,6 +37,8 @@ pub struct Window {
     /// Every rank's pid, and the token stamped in its pool's segments.
     pids: Vec<libc::pid_t>,
     tokens: Vec<u64>,
+    /// `--copy registered`: a buffer that does not fit in /dev/shm is an error, not a `Vec`.
+    required: bool,
     /// The calls made so far; held for the whole of a call, which keeps calls in order.
     calls: Mutex<u64>,
     /// Peers' pool segments mapped so far, by (rank, descriptor): their serial and mapping.
@@ -55,11 +57,13 @@ pub struct HostWindow<'a> {
 impl Window {
     /// Sets up the window of `rank` among `n` ranks, all on this host, over `scope`: `Ok(Err)`
     /// with the reason where some rank could not map a peer's board (every rank then knows it);
-    /// `refuse` fails this rank's check (a test's stand-in for a host that forbids it).
+    /// `required` (`--copy registered`) makes a buffer that does not fit an error; `refuse`
+    /// fails this rank's check (a test's stand-in for a host that forbids it).
     pub(crate) fn connect(
         scope: &Scoped,
         rank: usize,
         n: usize,
+        required: bool,
         refuse: bool,
     ) -> Result<std::result::Result<Window, String>> {
         let scope = scope.scoped("window");
@@ -100,6 +104,7 @@ impl Window {
         Ok(match (refusal, own) {
             (None, Ok(own)) => Ok(Window {
                 rank,
+                required,
                 boards,
                 pids,
                 tokens,
@@ -181,6 +186,24 @@ struct OpenCall<'c> {
 }
 
 impl WindowOnHost for HostWindow<'_> {
+    fn allocate(&self, bytes: usize) -> Result<Option<Region>> {
+        match pool::allocate(self.rank(), bytes) {
+            Ok(region) => Ok(Some(region)),
+            Err(e) if self.window.required => Err(e),
+            Err(e) => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    eprintln!(
+                        "warning: rank {}: {e}; this buffer goes on the heap and its \
+                         collectives through the rings (--copy registered makes this an error)",
+                        self.rank()
+                    )
+                });
+                Ok(None)
+            }
+        }
+    }
+
     fn open<'c>(
         &'c self,
         signature: Signature,

@@ -135,7 +135,7 @@ fn registered_buffers(
     }
     let refuse = wiring.refuse_registered;
     let pages = pool::pages(0).words();
-    match Window::connect(scope, rank, world_size, refuse)? {
+    match Window::connect(scope, rank, world_size, asked, refuse)? {
         Ok(window) => {
             let note = match (asked, pages) {
                 (true, "") => "; one copy from registered buffers (--copy registered)".into(),
