@@ -238,12 +238,13 @@ fn a_timed_loop_shows_warm_up_untimed_and_timed_calls() {
 
 /// The two ways bytes cross between ranks of a host, as docs/src/transports.md draws them: a
 /// 4 MiB broadcast on 2 ranks through the rings (the sender copies every piece in, the receiver
-/// copies it out) and by one copy (the receiver reads the sender's buffer, the sender copies
-/// nothing).
+/// copies it out), by one copy (the receiver reads the sender's buffer, the sender copies
+/// nothing), and from registered buffers (the receiver copies the sender's buffer where it lies,
+/// between two barriers, and no message crosses).
 #[test]
 fn the_rings_copy_twice_and_the_single_copy_reads_once() {
     let dir = scratch("trace-copies");
-    for copy in ["ring", "single"] {
+    for copy in ["ring", "single", "registered"] {
         let file = format!("{copy}.json");
         let picture = format!("transports-{copy}-timeline.svg");
         // cargo run --example 01-broadcast -- -n 2 --len 1048576 --backend cpu --copy ring --trace out/ring.json
@@ -280,6 +281,7 @@ fn the_rings_copy_twice_and_the_single_copy_reads_once() {
             "copy out of the ring",
             "read the sender's buffer",
         );
+        let barriers = |rank: usize| count(rank, "wait for every rank");
         match copy {
             "ring" => {
                 assert!(count(0, into) > 1, "the message crosses in pieces");
@@ -287,13 +289,21 @@ fn the_rings_copy_twice_and_the_single_copy_reads_once() {
                 assert_eq!((bytes(0, "ring"), bytes(1, "ring")), (4 << 20, 4 << 20));
                 assert_eq!(count(1, read), 0);
             }
-            _ => {
+            "single" => {
                 assert_eq!((count(1, read), bytes(1, "read")), (1, 4 << 20));
                 assert_eq!(
                     bytes(0, "ring") + bytes(1, "ring"),
                     0,
                     "no copy through a ring"
                 );
+            }
+            _ => {
+                let peer = "read a peer's buffer";
+                assert_eq!((count(1, peer), bytes(1, "read")), (1, 4 << 20));
+                assert_eq!((count(0, peer), bytes(0, "read")), (0, 0), "the root reads nothing");
+                assert_eq!(bytes(0, "ring") + bytes(1, "ring"), 0, "no ring");
+                // The call's two barriers on each rank: all posted, all done reading.
+                assert_eq!((barriers(0), barriers(1)), (2, 2));
             }
         }
         // target/release/comm-bench timeline out/ring.json -o out/transports-ring-timeline.svg
