@@ -54,6 +54,7 @@ plan_runs
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+load_before=$(cut -d ' ' -f 1 /proc/loadavg)
 run_ours
 
 # Theirs: one torch.distributed Gloo job per world size timing every (collective, bytes) we
@@ -114,6 +115,7 @@ done
 
 # The table: collectives in COLLECTIVES' order, then world sizes and sizes as run.
 echo "# ours: comm-bench --backend cpu${TRANSPORT:+ --transport $TRANSPORT}; Gloo: torch" \
-  "$torch_version; f32, median of $ITERS iterations after $WARMUP warm-up, slowest rank's"
+  "$torch_version; f32, median of $ITERS iterations after $WARMUP warm-up, slowest rank's;" \
+  "$(nproc) cores, load average $load_before before the runs, $(cut -d ' ' -f 1 /proc/loadavg) after"
 echo
 print_table Gloo

@@ -10,7 +10,9 @@
 # Environment (defaults in brackets):
 #   BIN_DIR      where comm-bench is [target/release]
 #   MPICC        Open MPI's C compiler wrapper [mpicc];  MPIRUN  its launcher [mpirun]
-#   WORLD_SIZES  ranks, space-separated, each 2 or more ["2"]
+#   WORLD_SIZES  ranks, space-separated, each 2 or more ["2"]; more ranks than cores (e.g. "8 16
+#                32" on a 2-core laptop) run oversubscribed on both sides, Open MPI's ranks yielding
+#                when idle (mpirun --oversubscribe), ours sleeping
 #   SIZES        comm-bench's sizes: KB, MB, GB are x1000, K, M, G x1024 ["1MB 100MB"]
 #   COLLECTIVES  any of all_reduce broadcast all_gather reduce_scatter [all four]
 #   ITERS        timed iterations [20];  WARMUP  untimed ones before them [5]
@@ -202,6 +204,7 @@ if ! "$MPICC" -O2 -o "$work/mpi-bench" "$work/mpi-bench.c" >&2; then
     "libopenmpi-dev installed?"
 fi
 
+load_before=$(cut -d ' ' -f 1 /proc/loadavg)
 run_ours
 
 # Theirs: one mpirun per world size timing every (collective, bytes) we timed there.
@@ -217,7 +220,8 @@ done
 # The table: collectives in COLLECTIVES' order, then world sizes and sizes as run.
 echo "# ours: comm-bench --backend cpu${TRANSPORT:+ --transport $TRANSPORT}; OpenMPI:" \
   "Open MPI $mpi_version, pml ob1, btl self,$shm_btl, default collectives; f32, median of" \
-  "$ITERS iterations after $WARMUP warm-up, slowest rank's"
+  "$ITERS iterations after $WARMUP warm-up, slowest rank's; $(nproc) cores, load average" \
+  "$load_before before the runs, $(cut -d ' ' -f 1 /proc/loadavg) after"
 echo
 print_table OpenMPI
 

@@ -300,7 +300,11 @@ fn the_rings_copy_twice_and_the_single_copy_reads_once() {
             _ => {
                 let peer = "read a peer's buffer";
                 assert_eq!((count(1, peer), bytes(1, "read")), (1, 4 << 20));
-                assert_eq!((count(0, peer), bytes(0, "read")), (0, 0), "the root reads nothing");
+                assert_eq!(
+                    (count(0, peer), bytes(0, "read")),
+                    (0, 0),
+                    "the root reads nothing"
+                );
                 assert_eq!(bytes(0, "ring") + bytes(1, "ring"), 0, "no ring");
                 // The call's two barriers on each rank: all posted, all done reading.
                 assert_eq!((barriers(0), barriers(1)), (2, 2));

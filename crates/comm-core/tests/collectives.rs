@@ -742,3 +742,55 @@ fn overwrite(comm: &Communicator, buf: &mut Buffer<i32>) {
     let poison = comm.filled(-7_777_777, buf.len()).unwrap();
     comm.copy_from_host(&poison, buf).unwrap();
 }
+
+/// One rank that cannot open its peers' memory turns registered buffers off for the whole job
+/// under `--copy auto` (every rank's line says why, and buffers stay on the heap); `--copy
+/// registered` fails on every rank naming it.
+#[test]
+fn one_rank_that_cannot_open_peers_turns_registered_buffers_off_for_all() {
+    let refusing = |copy| {
+        move |rank| Wiring {
+            transport: TransportChoice::Shm,
+            copy,
+            refuse_cross_memory: false,
+            refuse_registered: rank == 1,
+        }
+    };
+    let why = "rank 1 cannot open rank 0's buffers: refused";
+    for got in wired(3, refusing(CopyChoice::Auto)) {
+        let (_, line) = got.unwrap();
+        let start = "shared memory between the 3 ranks of this host; no registered buffers: ";
+        assert!(line.starts_with(start) && line.contains(why), "{line}");
+    }
+    for got in wired(3, refusing(CopyChoice::Registered)) {
+        let e = got.unwrap_err();
+        assert!(e.contains("--copy registered: ") && e.contains(why), "{e}");
+    }
+}
+
+/// A buffer another communicator made (on the heap) beside registered ones: every rank learns
+/// it when the call opens, and all take the rings; results are right either way.
+#[test]
+fn a_heap_buffer_on_one_rank_sends_every_rank_through_the_rings() {
+    let n = 3;
+    let results = on_ranks(n, Wire::Shm, |comm| {
+        let rank = comm.rank();
+        let heap = Communicator::cpu(Box::new(ChannelTransport::mesh(1, TIMEOUT).remove(0)), 0);
+        let mut sums = Vec::new();
+        for round in 0..6 {
+            let values = vec![rank as i64 + round; 70_001];
+            let mut buf = match (round + rank as i64) % 3 {
+                0 => heap.buffer(&values).unwrap(),
+                _ => comm.buffer(&values).unwrap(),
+            };
+            comm.all_reduce(&mut buf, ReduceOp::Sum).unwrap();
+            sums.push(comm.to_host(&buf).unwrap()[70_000]);
+        }
+        (comm.registers_buffers(), heap.registers_buffers(), sums)
+    });
+    for (registers, heap_registers, sums) in results {
+        assert!(registers && !heap_registers);
+        let want: Vec<i64> = (0..6).map(|round| 3 * round + 3).collect();
+        assert_eq!(sums, want);
+    }
+}

@@ -4,8 +4,8 @@
 
 use crate::backend::nccl::GroupSafe;
 use crate::dtype::Element;
-use crate::host_memory::HostMemory;
 use crate::error::{CommError, Result};
+use crate::host_memory::HostMemory;
 
 /// Elements on the communicator's device: host memory for the CPU backend, GPU memory for NCCL.
 #[derive(Debug)]
