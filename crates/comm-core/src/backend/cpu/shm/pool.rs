@@ -270,7 +270,8 @@ mod tests {
         assert_eq!((at.offset % 64, at.len), (0, 1000));
         let part = locate(&a.bytes()[10..20]).unwrap();
         assert_eq!((part.offset, part.fd), (at.offset + 10, at.fd));
-        assert_eq!(locate(&vec![1u8; 10]), None, "a Vec is not registered");
+        let heap = vec![1u8; 10];
+        assert_eq!(locate(&heap), None, "a Vec is not registered");
         let big = allocate(0, 1 << 20).unwrap();
         assert_eq!(locate(big.bytes()).unwrap().offset % 4096, 0);
         let first = a.bytes().as_ptr();
