@@ -98,7 +98,7 @@ const TOP: f64 = 64.0;
 fn colour(kind: &str) -> &'static str {
     match kind {
         "call" => "#dde3ea",
-        "barrier" => "#9aa5b1",
+        "barrier" | "fence" => "#9aa5b1",
         "send" => "#7fb3e6",
         "recv" => "#8fd18a",
         "sendrecv" => "#c7a4e0",
@@ -238,7 +238,8 @@ fn draw_slices(
     let depth = |kind: &str| match kind {
         "async" => 0,
         "call" | "barrier" | "compute" | "wait" => 1,
-        "send" | "recv" | "sendrecv" => 2,
+        // A barrier inside a call on registered buffers sits where its messages would.
+        "send" | "recv" | "sendrecv" | "fence" => 2,
         _ => 3,
     };
     let mut ordered: Vec<&Slice> = slices.iter().collect();

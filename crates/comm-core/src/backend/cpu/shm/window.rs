@@ -327,7 +327,8 @@ impl HostWindow<'_> {
 
     /// Waits until every rank of the window has arrived here.
     fn barrier(&self) -> Result<()> {
-        let _span = Span::slice("barrier", "wait for every rank");
+        // A "fence": drawn inside the call, as its messages would be, not as a call of its own.
+        let _span = Span::slice("fence", "wait for every rank");
         let first = self.window.boards[0];
         let bell = first.bell();
         let generation = bell.seen();
