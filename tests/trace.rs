@@ -135,12 +135,22 @@ fn a_ring_all_reduce_traces_every_step_of_every_rank() {
     }
 }
 
-/// The direct all-reduce (small buffers): every rank exchanges with every other, and copies its
-/// input in beside theirs and the sum out.
+/// The direct all-reduce (small buffers) over messages (`--copy ring`: on registered buffers,
+/// the default on one host, no message crosses): every rank exchanges with every other, and
+/// copies its input in beside theirs and the sum out.
 #[test]
 fn a_direct_all_reduce_shows_its_exchanges_and_copies() {
     let dir = scratch("trace-direct");
-    let args = ["-n", "3", "--backend", "cpu", "--trace", "d.json"];
+    let args = [
+        "-n",
+        "3",
+        "--backend",
+        "cpu",
+        "--copy",
+        "ring",
+        "--trace",
+        "d.json",
+    ];
     run_in(&dir, &example("02-allreduce"), &args);
     let trace = read_trace(&dir.join("d.json"));
     check(&trace, 3, "all_reduce", 1);
@@ -194,7 +204,8 @@ fn tree_and_chain_broadcasts_send_what_their_schedules_say() {
 /// A timed loop as a profiler shows one, as docs/src/profiling.md draws it: the warm-up calls,
 /// the one untimed call after them, the timed calls, then one small all-reduce that gathers the
 /// times (every rank's total and each iteration's, as f64). The barriers between them are not
-/// calls: on the CPU they are exchanges of their own.
+/// calls: on the CPU they are exchanges of their own. Inside each call, on registered buffers
+/// (the default on one host), two barriers and the read of the peer's half.
 #[test]
 fn a_timed_loop_shows_warm_up_untimed_and_timed_calls() {
     let dir = scratch("trace-profile");

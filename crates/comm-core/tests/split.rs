@@ -267,12 +267,15 @@ impl SpawnOutput for Command {
 
 /// `--trace` names the groups: each group's calls and messages carry its name (`tp 0:
 /// all_reduce`), on the job rank's own track, and each group's arrows pair up by their own ids.
+/// Through the rings (`--copy ring`): on registered buffers, the default on one host, a call
+/// sends no message.
 #[test]
 fn a_trace_names_each_group() {
     let dir = test_support::process::scratch("split-trace");
     let file = dir.join("trace.json");
     let trace = file.to_str().unwrap();
-    let (out, stdout, stderr) = split_check(4, &["--mesh", "2", "--trace", trace]);
+    let args = ["--mesh", "2", "--copy", "ring", "--trace", trace];
+    let (out, stdout, stderr) = split_check(4, &args);
     succeeded(&out, &stdout, &stderr);
     let text = std::fs::read_to_string(&file).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();

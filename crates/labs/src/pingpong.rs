@@ -126,6 +126,8 @@ pub fn timing<C: Code>(comm: &Communicator) -> Result<()> {
         world_size: 2,
         in_place: true,
         asked: Some(Algo::Tree),
+        // A named algorithm runs over messages, never on registered buffers.
+        registered: false,
         on_cpu: true,
     };
     let (mut yours, mut library, mut rows) = (Vec::new(), Vec::new(), Vec::new());

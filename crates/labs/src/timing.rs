@@ -87,6 +87,8 @@ fn library_fit(lab: Lab, collective: Collective, comm: &Communicator) -> Result<
         world_size: comm.world_size(),
         in_place: true,
         asked: Some(lab.algo()),
+        // A named algorithm runs over messages, never on registered buffers.
+        registered: false,
         on_cpu: true,
     };
     let mut points = Vec::new();
