@@ -252,7 +252,7 @@ fn copy_help(c: CopyChoice) -> &'static str {
             "Registered buffers where every rank shares one host and can open its peers' \
              memory; for other buffers one copy (cross-memory attach) from the size where it was \
              measured to win, else two copies through the rings (on the 2-core VM it was \
-             measured on, registered buffers won at every size, and the rings beat one copy)"
+             measured on, registered buffers won from 256 KiB, lost below 64 KiB, and the rings beat one copy)"
         }
         CopyChoice::Single => {
             "One copy for every message: the receiver reads the sender's buffer itself \

@@ -23,7 +23,8 @@ pub enum TransportChoice {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CopyChoice {
     /// Registered buffers where every rank shares one host and can open its peers' memory
-    /// (measured faster than the rings at every size, `shm/pool.rs`); for other buffers, one
+    /// (measured faster than the rings from 256 KiB, slower below 64 KiB, where their two barriers
+    /// cost more than one message: docs/src/transports.md); for other buffers, one
     /// copy (cross-memory attach) from the size where it was measured to win, where every pair
     /// of the job's hosts can read each other's memory; two copies through the rings otherwise
     /// (on the 2-core VM it was measured on, one copy lost at every size: the rings).
