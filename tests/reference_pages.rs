@@ -56,6 +56,10 @@ const NOT_VARIABLES: &[&str] = &[
     // comm-core's and NCCL's constant for a rank that joins no group (tensor-parallel.md).
     "NCCL_SPLIT_NOCOLOR",
     "NO_COLOR",
+    // Linux's flags: memfd_create's huge pages, and a descriptor passed over a Unix socket
+    // (engineering-notes.md's registered buffers).
+    "MFD_HUGETLB",
+    "SCM_RIGHTS",
 ];
 
 /// The names the environment page lists: those it shows as code (`NAME`).
