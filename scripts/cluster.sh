@@ -7,6 +7,9 @@
 #   scripts/cluster.sh exec node1 CMD [ARG...]       # run CMD on node1 (cwd and env kept)
 #   scripts/cluster.sh status                        # what exists
 #   scripts/cluster.sh picture FILE.svg              # draw the nodes and links
+#   scripts/cluster.sh cut node1                     # cut node1's cable: its packets vanish
+#   scripts/cluster.sh mend node1                    # plug it back in
+#   scripts/cluster.sh rate node1 1mbit              # node1's outgoing link at another rate
 #   scripts/cluster.sh down                          # remove everything, stop what runs there
 #
 # It needs root. Run by a user, it starts itself again through sudo, keeping the environment
@@ -195,17 +198,23 @@ hosts_file() {
   echo "$LOGIN_IP login"
 }
 
+# The index K of node NODE (nodeK) of the cluster that is up, or a refusal.
+node_index() {
+  local node=$1 nodes
+  nodes=$(nodes_up)
+  [ -n "$nodes" ] || refuse "no cluster is up: '$0 up --nodes 2' first"
+  [[ $node =~ ^node([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -lt "$nodes" ] ||
+    refuse "no node '$node': the cluster has node0 to node$((nodes - 1))"
+  echo "${BASH_REMATCH[1]}"
+}
+
 cmd_exec() {
   [ $# -ge 2 ] || refuse "exec NODE CMD [ARG...]: which node, and what to run there"
   local node=$1
   shift
   need_tools exec
-  local nodes
-  nodes=$(nodes_up)
-  [ -n "$nodes" ] || refuse "no cluster is up: '$0 up --nodes 2' first"
-  [[ $node =~ ^node([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -lt "$nodes" ] ||
-    refuse "no node '$node': the cluster has node0 to node$((nodes - 1))"
-  local k=${BASH_REMATCH[1]}
+  local k
+  k=$(node_index "$node")
   # The node's network namespace; a UTS namespace named for the node; a mount namespace of its
   # own where the node's hosts file is /etc/hosts (what ip netns exec does, but without
   # remounting /sys, which would hide /sys/fs/cgroup from slurmd); then the command itself
@@ -215,6 +224,43 @@ cmd_exec() {
   exec nsenter --net="/run/netns/$ns" unshare --uts --mount --propagation private -- \
     sh -c 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"' \
     sh "/etc/netns/$ns/hosts" "$node" "$@"
+}
+
+# The node's cable cut, as a dead switch port or a pulled plug does: its interface goes down,
+# so nothing it sends leaves and nothing reaches it, and no FIN or RST tells anyone.
+cmd_cut() {
+  [ $# -eq 1 ] || refuse "cut NODE: which node's cable to cut"
+  need_tools cut
+  local k
+  k=$(node_index "$1")
+  ip -n "$(node_ns "$k")" link set eth0 down
+  say "node$k's cable is cut: '$0 mend node$k' plugs it back in"
+}
+
+cmd_mend() {
+  [ $# -eq 1 ] || refuse "mend NODE: which node's cable to plug back in"
+  need_tools mend
+  local k tries=0
+  k=$(node_index "$1")
+  ip -n "$(node_ns "$k")" link set eth0 up
+  until ip -n "$(node_ns "$k")" link show eth0 | grep -q LOWER_UP; do
+    [ $tries -lt 50 ] || refuse "node$k's link did not come back up"
+    sleep 0.1
+    tries=$((tries + 1))
+  done
+  say "node$k's cable is back"
+}
+
+# Node NODE's outgoing link shaped to RATE (the rest of the box keeps its own).
+cmd_rate() {
+  [ $# -eq 2 ] || refuse "rate NODE RATE: which node's link, and its new rate (e.g. 1mbit)"
+  [[ $2 =~ ^[0-9]+(\.[0-9]+)?([kmgt]?bit|[kmgt]?bps)$ ]] ||
+    refuse "rate '$2': use tc's units, e.g. 1mbit, 100mbit, 2gbit (bit/s) or 100mbps (bytes/s)"
+  need_tools rate
+  local k
+  k=$(node_index "$1")
+  tc -n "$(node_ns "$k")" qdisc change dev eth0 root tbf rate "$2" burst "$(burst_of "$2")" latency 100ms
+  say "node$k's link runs at $2"
 }
 
 cmd_status() {
@@ -275,6 +321,9 @@ case ${1:-} in
   exec) shift; cmd_exec "$@" ;;
   status) shift; need_tools status; cmd_status ;;
   picture) shift; cmd_picture "$@" ;;
+  cut) shift; cmd_cut "$@" ;;
+  mend) shift; cmd_mend "$@" ;;
+  rate) shift; cmd_rate "$@" ;;
   down)
     shift
     [ $# -eq 0 ] || refuse "down takes no arguments"
@@ -284,5 +333,5 @@ case ${1:-} in
     ;;
   -h | --help | help) usage ;;
   '') usage >&2; exit 2 ;;
-  *) refuse "unknown command '$1': use up, exec, status, picture or down (--help)" ;;
+  *) refuse "unknown command '$1': use up, exec, status, picture, cut, mend, rate or down (--help)" ;;
 esac

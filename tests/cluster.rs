@@ -2,8 +2,10 @@
 //! an interrupted `up` leaving nothing, then two nodes linked at a set rate and the course's
 //! multi-node commands as written on them (seed 000's two shells, seed 003's two torchruns,
 //! commrun on both nodes), a sweep across the link whose model finds the link's rate, the
-//! prediction for the box beside it, and a Slurm across both nodes (sbatch and salloc/srun
-//! from this machine, the login node); then `down`, and nothing left.
+//! prediction for the box beside it, a node whose cable is cut in the middle of an all-reduce
+//! (found by the heartbeat, not the timeout; then the store's own node), a slow link that is not
+//! taken for a lost node, and a Slurm across both nodes (sbatch and salloc/srun from this
+//! machine, the login node); then `down`, and nothing left.
 //!
 //! It needs root, `ip`, `tc`, `nsenter` and `unshare`, and 10.0.0.0/24 unused here; otherwise it
 //! says it skipped, unless NCCL_WORKSHOP_REQUIRE_BOX=1 (as `.ci/run` sets). The box is one per
@@ -346,6 +348,116 @@ fn sweep_and_model(bin: &Path) {
     std::fs::remove_file(&csv).unwrap();
 }
 
+/// The chapter's all-reduce across the box on node `node`, `--timeout 300`, that runs until a
+/// node is lost.
+fn endless_all_reduce(node: usize) -> String {
+    format!(
+        "scripts/cluster.sh exec node{node} target/release/commrun --nnodes 2 --node-rank {node} --nproc-per-node 2 --master-addr 10.0.0.1 target/release/comm-bench --backend cpu -b 16M -e 16M --collectives all_reduce -n 1000000 -w 0 --timeout 300"
+    )
+}
+
+/// The heartbeat's bound (`--heartbeat 5` × `--heartbeat-misses 3`), and what a loaded machine
+/// adds to it before a launcher has ended its ranks; far below `--timeout 300`.
+const HEARTBEAT_BOUND: Duration = Duration::from_secs(15);
+const MARGIN: Duration = Duration::from_secs(20);
+
+/// Both nodes run the endless all-reduce; once node0's rank 0 prints its header (the ranks have
+/// met, the collective starts), `lost`'s cable is cut (no FIN, no RST: the kernel drops every
+/// packet). The other node's ranks must end within the heartbeat's bound, non-zero, naming the
+/// lost node and what they were doing; then the cable is mended and the lost node's ranks end
+/// too. Returns how long the other node took.
+fn a_node_cut_in_a_collective(lost: usize, bin: &Path) -> Duration {
+    let other = 1 - lost;
+    let mut running: Vec<_> = (0..2)
+        .map(|n| start(&mut as_written(&endless_all_reduce(n), "", bin)))
+        .collect();
+    let started = Instant::now();
+    while !running[0].stdout_so_far().contains("# comm-bench ") {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the job never started: {}",
+            running[0].stdout_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A few all-reduces in: the links are open and data crosses the cable.
+    std::thread::sleep(Duration::from_secs(3));
+    let cut = format!("scripts/cluster.sh cut node{lost}");
+    let mend = format!("scripts/cluster.sh mend node{lost}");
+    as_written(&cut, "", bin).output().unwrap();
+    let cut_at = Instant::now();
+    let lost_job = running.remove(lost);
+    let seen = running
+        .remove(0)
+        .finish(HEARTBEAT_BOUND + MARGIN + Duration::from_secs(30));
+    let took = cut_at.elapsed();
+    as_written(&mend, "", bin).output().unwrap();
+    let gone = lost_job.finish(Duration::from_secs(90));
+    eprintln!(
+        "node{lost} cut: node{other}'s job ended after {took:?}:\n{}",
+        seen.stderr
+    );
+    assert_ne!(seen.status.code(), Some(0), "{}", seen.stderr);
+    assert_ne!(gone.status.code(), Some(0), "{}", gone.stderr);
+    assert!(
+        took < HEARTBEAT_BOUND + MARGIN,
+        "node{other} took {took:?} to notice node{lost}:\n{}",
+        seen.stderr
+    );
+    let names = [format!("node{lost}"), format!("10.0.0.{}", lost + 1)];
+    assert!(
+        names.iter().any(|n| seen.stderr.contains(n.as_str())),
+        "node{lost} not named:\n{}",
+        seen.stderr
+    );
+    assert!(
+        seen.stderr.contains("went silent") || seen.stderr.contains("heard nothing"),
+        "{}",
+        seen.stderr
+    );
+    assert!(
+        seen.stderr.contains("all_reduce"),
+        "the phase: {}",
+        seen.stderr
+    );
+    assert!(!seen.stderr.contains("panicked"), "{}", seen.stderr);
+    took
+}
+
+/// A slow link is not a silent one: node1's cable at 1 Mbit/s, a 4 MB all-reduce across it
+/// (messages of 2 MB, 17 s each to cross, longer than the heartbeat's bound) finishes and is
+/// right; then the cable's rate is the box's again.
+fn a_slow_link_is_not_a_lost_node(bin: &Path) {
+    let slow = "scripts/cluster.sh rate node1 1mbit";
+    let fast = "scripts/cluster.sh rate node1 2gbit";
+    as_written(slow, "", bin).output().unwrap();
+    let line = |n: usize| {
+        format!(
+            "scripts/cluster.sh exec node{n} target/release/commrun --nnodes 2 --node-rank {n} --nproc-per-node 1 --master-addr 10.0.0.1 target/release/comm-bench --backend cpu -b 4M -e 4M --collectives all_reduce --placement out-of-place -n 1 -w 0 --timeout 300"
+        )
+    };
+    let started = Instant::now();
+    let out = run_together(
+        vec![as_written(&line(0), "", bin), as_written(&line(1), "", bin)],
+        Duration::from_secs(280),
+    );
+    let took = started.elapsed();
+    as_written(fast, "", bin).output().unwrap();
+    eprintln!("4 MB all-reduce across a 1 Mbit/s link: {took:?}");
+    for (node, o) in out.iter().enumerate() {
+        o.assert_success(&format!("the slow link's all-reduce on node{node}"));
+    }
+    assert!(
+        out[0].stdout.contains("# Wrong elements       : 0 OK"),
+        "{}",
+        out[0].stdout
+    );
+    assert!(
+        took > HEARTBEAT_BOUND,
+        "the message crossed in {took:?}: not slower than the heartbeat's bound"
+    );
+}
+
 /// What the job of `line` (an `sbatch --wait` of a script of slurm/) wrote: the script's
 /// `%x-%j.out` in [`box_dir`] (`SBATCH_OUTPUT`), read and removed. sbatch's last word is the
 /// job's id.
@@ -526,6 +638,10 @@ fn the_course_runs_across_a_cluster_in_a_box() {
         }
         sweep_and_model(&bin);
         tp_layouts(&bin);
+        let node1_lost = a_node_cut_in_a_collective(1, &bin);
+        let node0_lost = a_node_cut_in_a_collective(0, &bin);
+        eprintln!("a lost node found in {node1_lost:?}, the store's node in {node0_lost:?}");
+        a_slow_link_is_not_a_lost_node(&bin);
         if Command::new("sh")
             .args(["-c", "command -v slurmctld"])
             .output()

@@ -85,3 +85,61 @@ fn absurd_rank_counts_are_refused_at_once() {
     );
     assert!(started.elapsed() < Duration::from_secs(60));
 }
+
+/// A job needs file descriptors: rank 0's store two per rank, every rank a link per peer, the
+/// launcher pipes per rank. More than `ulimit -n` allows is refused before any rank starts,
+/// with the number and how to raise it; a soft limit below the need and a hard one above it is
+/// raised, and the job runs.
+#[test]
+fn more_ranks_than_descriptors_allow_are_refused_at_start() {
+    let limited = |limit: &str, program: &str, args: &str| {
+        let mut c = Command::new("bash");
+        c.arg("-c")
+            .arg(format!("ulimit {limit} && exec \"$0\" {args}"))
+            .arg(example(program))
+            .plainly();
+        start(&mut c).finish(Duration::from_secs(120))
+    };
+    let started = Instant::now();
+    let done = limited("-n 300", "02-allreduce", "-n 256 --backend cpu");
+    assert_eq!(done.code_or_signal(), 2, "{}", done.stderr);
+    assert!(
+        done.stderr.contains(
+            "a job of 256 ranks whose rank 0 runs here (2 per rank for the store it serves, 1 \
+             per peer link) needs 832 file descriptors, and this process may open 300"
+        ) && done.stderr.contains("ulimit -n 832"),
+        "{}",
+        done.stderr
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    // A rank a launcher started: rank 0 of 4096 serves the store.
+    let mut c = Command::new("bash");
+    c.arg("-c")
+        .arg("ulimit -n 1000 && exec \"$0\"")
+        .arg(example("00-hello-world"))
+        .plainly()
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "4096")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env(
+            "MASTER_PORT",
+            comm_core::spawn::free_port().unwrap().to_string(),
+        );
+    let done = start(&mut c).finish(Duration::from_secs(60));
+    assert_ne!(done.code_or_signal(), 0, "{}", done.stderr);
+    assert!(
+        done.stderr.contains(
+            "rank 0 of a job of 4096 ranks (2 per rank for the store it serves, 1 per peer \
+             link) needs 12351 file descriptors"
+        ),
+        "{}",
+        done.stderr
+    );
+    // Only the soft limit is low: raised to what the job needs, and it runs.
+    let done = limited("-S -n 200", "02-allreduce", "-n 128 --backend cpu --len 4");
+    done.assert_success("128 ranks under a soft limit of 200");
+}

@@ -18,6 +18,7 @@ use std::os::fd::AsRawFd;
 use std::process::{Child, Command as Process, Stdio};
 use std::time::{Duration, Instant};
 
+use comm_core::epoll::{self, Epoll};
 use comm_core::store::{Answer, Command, Shape, VALIDATION_MAGIC};
 
 use crate::error::BenchError;
@@ -464,18 +465,18 @@ impl Rank {
 
 /// Drives `mine` (ranks of a world of `world`) through their scripts on one epoll set.
 fn drive(addr: SocketAddr, world: usize, mine: &[usize], deadline: Instant) -> Result<(), String> {
-    let poll = Epoll::new().map_err(|e| format!("epoll: {e}"))?;
+    let mut poll = Epoll::new(1024).map_err(|e| format!("epoll: {e}"))?;
+    let watch = epoll::READ | epoll::WRITE | epoll::EDGE;
     let mut ranks = Vec::with_capacity(mine.len());
     for (i, &rank) in mine.iter().enumerate() {
         let r = Rank::new(addr, rank, world).map_err(|e| format!("rank {rank} connect: {e}"))?;
         // Token: index * 2, +1 for the watcher.
-        poll.add(r.request.stream.as_raw_fd(), 2 * i as u64)
-            .and_then(|_| poll.add(r.watcher.stream.as_raw_fd(), 2 * i as u64 + 1))
+        poll.add(r.request.stream.as_raw_fd(), 2 * i as u64, watch)
+            .and_then(|_| poll.add(r.watcher.stream.as_raw_fd(), 2 * i as u64 + 1, watch))
             .map_err(|e| format!("epoll_ctl: {e}"))?;
         ranks.push(r);
     }
     let mut left = ranks.len();
-    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 1024];
     while left > 0 {
         let wait = deadline.saturating_duration_since(Instant::now());
         if wait.is_zero() {
@@ -486,11 +487,11 @@ fn drive(addr: SocketAddr, world: usize, mine: &[usize], deadline: Instant) -> R
                 stuck.map(|r| r.step)
             ));
         }
-        let n = poll
-            .wait(&mut events, wait.min(Duration::from_millis(500)))
+        let ready = poll
+            .wait(Some(wait.min(Duration::from_millis(500))))
             .map_err(|e| format!("epoll_wait: {e}"))?;
-        for event in &events[..n] {
-            let (index, from_watcher) = ((event.u64 / 2) as usize, event.u64 % 2 == 1);
+        for event in ready {
+            let (index, from_watcher) = ((event.token / 2) as usize, event.token % 2 == 1);
             let rank = &mut ranks[index];
             let was_done = rank.step == Script::Done;
             let conn = match from_watcher {
@@ -515,51 +516,6 @@ fn drive(addr: SocketAddr, world: usize, mine: &[usize], deadline: Instant) -> R
         }
     }
     Ok(())
-}
-
-/// A minimal epoll set, edge-triggered for reading and writing.
-struct Epoll(i32);
-
-impl Epoll {
-    fn new() -> std::io::Result<Epoll> {
-        // SAFETY: no preconditions; the fd is owned by the returned value.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        match fd {
-            fd if fd < 0 => Err(std::io::Error::last_os_error()),
-            fd => Ok(Epoll(fd)),
-        }
-    }
-
-    fn add(&self, fd: i32, token: u64) -> std::io::Result<()> {
-        let mut event = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET) as u32,
-            u64: token,
-        };
-        // SAFETY: `self.0` is an epoll fd, `fd` an open socket, `event` a valid pointer.
-        let rc = unsafe { libc::epoll_ctl(self.0, libc::EPOLL_CTL_ADD, fd, &mut event) };
-        match rc {
-            0 => Ok(()),
-            _ => Err(std::io::Error::last_os_error()),
-        }
-    }
-
-    fn wait(&self, events: &mut [libc::epoll_event], timeout: Duration) -> std::io::Result<usize> {
-        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-        // SAFETY: `events` is valid for its length, which bounds what the kernel writes.
-        let n = unsafe { libc::epoll_wait(self.0, events.as_mut_ptr(), events.len() as i32, ms) };
-        match n {
-            n if n >= 0 => Ok(n as usize),
-            _ if std::io::Error::last_os_error().kind() == ErrorKind::Interrupted => Ok(0),
-            _ => Err(std::io::Error::last_os_error()),
-        }
-    }
-}
-
-impl Drop for Epoll {
-    fn drop(&mut self) {
-        // SAFETY: the fd is this value's own and closed once.
-        unsafe { libc::close(self.0) };
-    }
 }
 
 /// `comm-bench store-load`: every store asked for at every rank count, best of the rounds, as a
@@ -644,24 +600,11 @@ fn torch_python() -> String {
     venv.join("bin/python").display().to_string()
 }
 
-/// The driver holds two sockets per simulated rank: more than `ulimit -n` allows is refused now,
-/// with the number, rather than failing halfway.
+/// The driver holds two sockets per simulated rank (and our server, its child, two per rank):
+/// more than `ulimit -n` allows is refused now, with the number, rather than failing halfway.
 fn check_descriptors(ranks: &[usize]) -> Result<(), BenchError> {
-    let need = ranks.iter().max().copied().unwrap_or(0) * 2 + 64;
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `limit` is a valid rlimit for getrlimit to fill.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return Ok(());
-    }
-    if (limit.rlim_cur as usize) < need {
-        return Err(BenchError::Store(format!(
-            "{need} file descriptors needed and `ulimit -n` is {}: raise it (ulimit -n {need}, \
-             at most the hard limit {}) or simulate fewer ranks",
-            limit.rlim_cur, limit.rlim_max
-        )));
-    }
-    Ok(())
+    let most = ranks.iter().max().copied().unwrap_or(0);
+    let need = most as u64 * 2 + 64;
+    let who = format!("store-load's driver of {most} simulated ranks (2 connections each)");
+    comm_core::descriptors::ensure(need, &who).map_err(|e| BenchError::Store(e.to_string()))
 }

@@ -74,7 +74,7 @@ fn more_ranks_than_descriptors_is_refused_with_the_number_needed() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("8256 file descriptors needed") && stderr.contains("ulimit -n"),
+        stderr.contains("needs 8256 file descriptors") && stderr.contains("ulimit -n 8256"),
         "{stderr}"
     );
 }

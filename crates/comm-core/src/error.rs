@@ -66,6 +66,30 @@ pub enum CommError {
         doing: &'static str,
     },
 
+    /// Rank `peer`, on host `host`, went silent while rank `rank` was `doing` it: not a byte,
+    /// not even an answer to the heartbeat's probes, for `silence`. Its node is down, or its
+    /// network is cut (no FIN or RST ever comes from a node that lost power or its cable).
+    #[error(
+        "rank {peer} (on {host}) went silent while rank {rank} was {doing} it, {phase}: nothing \
+         heard from it for {silence:?}, not even an answer to the heartbeat (its node is down, or \
+         cut off from this one's network; --heartbeat and --heartbeat-misses set how soon this is \
+         said)"
+    )]
+    PeerSilent {
+        /// The rank that noticed.
+        rank: usize,
+        /// The rank that went silent: the likely root cause.
+        peer: usize,
+        /// The host it runs on, as its hello said.
+        host: String,
+        /// What `rank` was doing with `peer`: "sending to", "receiving from", "connecting to".
+        doing: &'static str,
+        /// How long it went unheard (the heartbeat's bound).
+        silence: Duration,
+        /// What `rank` was doing then ([`crate::phase`]).
+        phase: String,
+    },
+
     /// Threads as ranks: `peer`'s end of the channel is gone, so its thread ended first.
     #[error("rank {peer} is gone (its thread ended)")]
     PeerGone {
@@ -121,6 +145,25 @@ pub enum CommError {
         /// The error that broke it.
         #[source]
         source: std::io::Error,
+    },
+
+    /// Rank `rank` heard nothing from the store at `endpoint` for `silence`, not even an answer
+    /// to the heartbeat's probes: the node that serves it (rank 0's) is down or cut off.
+    #[error(
+        "rank {rank} heard nothing from the rendezvous store at {endpoint} (rank 0's node) for \
+         {silence:?} while it was {phase}, not even an answer to the heartbeat: that node is down, \
+         or cut off from this one's network (--heartbeat and --heartbeat-misses set how soon this \
+         is said)"
+    )]
+    StoreSilent {
+        /// The rank that noticed.
+        rank: usize,
+        /// The store's `host:port`.
+        endpoint: String,
+        /// How long it went unheard (the heartbeat's bound).
+        silence: Duration,
+        /// What `rank` was doing then ([`crate::phase`]).
+        phase: String,
     },
 
     /// The store at `endpoint` serves another run than rank `rank`'s: two jobs share a
@@ -230,6 +273,28 @@ pub enum CommError {
         phase: String,
     },
 
+    /// Rank `gone` went silent: the store's server heard nothing from it, not even an answer to
+    /// the heartbeat's probes, for `silence`, so it ended the job for every rank (our own store
+    /// only, as for [`CommError::RankVanished`]).
+    #[error(
+        "rank {gone} ({claim}) went silent while rank {rank} was {phase}: the store heard nothing \
+         from it for {silence:?}, not even an answer to the heartbeat (its node is down, or cut \
+         off from the store's network; --heartbeat and --heartbeat-misses set how soon this is \
+         said)"
+    )]
+    RankSilent {
+        /// The rank that stops.
+        rank: usize,
+        /// The rank that went silent.
+        gone: usize,
+        /// Which process it was: "pid <pid> at <address> on <host>".
+        claim: String,
+        /// What this rank was doing then ([`crate::phase`]).
+        phase: String,
+        /// How long the store heard nothing from it.
+        silence: Duration,
+    },
+
     /// Rank `rank` refused a connection to its peer port from `from`: it came from another run
     /// (`their_run` differs from `our_run`), from a job of another size, or claimed a rank that
     /// is already connected or cannot connect to this one. Another job is most likely using the
@@ -286,8 +351,8 @@ fn foreign_peer_message(
         _ if claimed >= our_world => {
             format!("rank {claimed}, which is outside this job of {our_world} ranks")
         }
-        _ if claimed <= rank => format!(
-            "rank {claimed}, which this rank connects to itself: \
+        _ if claimed == rank => format!(
+            "rank {claimed}, this rank's own: \
              two ranks were given the same RANK, or two jobs are meeting on the same port"
         ),
         _ => format!(
@@ -367,12 +432,17 @@ impl CommError {
     pub fn blamed_rank(&self) -> Option<usize> {
         match self {
             CommError::PeerClosed { peer, .. }
+            | CommError::PeerSilent { peer, .. }
             | CommError::PeerGone { peer, .. }
             | CommError::PeerUnreachable { peer, .. } => Some(*peer),
             CommError::Timeout { missing, .. } if missing.len() == 1 => Some(missing[0]),
             CommError::JobAborted { by, .. } => Some(*by),
-            CommError::RankVanished { gone, .. } => Some(*gone),
-            CommError::StoreUnreachable { .. } | CommError::StoreLost { .. } => Some(STORE_RANK),
+            CommError::RankVanished { gone, .. } | CommError::RankSilent { gone, .. } => {
+                Some(*gone)
+            }
+            CommError::StoreUnreachable { .. }
+            | CommError::StoreLost { .. }
+            | CommError::StoreSilent { .. } => Some(STORE_RANK),
             _ => None,
         }
     }
@@ -390,7 +460,8 @@ impl CommError {
     pub fn lost_store(&self) -> Option<&str> {
         match self {
             CommError::StoreUnreachable { endpoint, .. }
-            | CommError::StoreLost { endpoint, .. } => Some(endpoint),
+            | CommError::StoreLost { endpoint, .. }
+            | CommError::StoreSilent { endpoint, .. } => Some(endpoint),
             _ => None,
         }
     }
@@ -403,10 +474,12 @@ impl CommError {
             CommError::Timeout { .. } => "timeout",
             CommError::Io { .. } => "io",
             CommError::PeerClosed { .. } => "peer_closed",
+            CommError::PeerSilent { .. } => "peer_silent",
             CommError::PeerGone { .. } => "peer_gone",
             CommError::PeerUnreachable { .. } => "peer_unreachable",
             CommError::StoreUnreachable { .. } => "store_unreachable",
             CommError::StoreLost { .. } => "store_lost",
+            CommError::StoreSilent { .. } => "store_silent",
             CommError::ForeignRank { .. } => "foreign_rank",
             CommError::DuplicateRank { .. } => "duplicate_rank",
             CommError::WorldSizeMismatch { .. } => "world_size_mismatch",
@@ -414,6 +487,7 @@ impl CommError {
             CommError::ForeignPeer { .. } => "foreign_peer",
             CommError::JobAborted { .. } => "job_aborted",
             CommError::RankVanished { .. } => "rank_vanished",
+            CommError::RankSilent { .. } => "rank_silent",
             CommError::Peer(_) => "peer",
             CommError::Backend(_) => "backend",
         }
@@ -437,6 +511,46 @@ mod tests {
 
     fn io() -> std::io::Error {
         std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused")
+    }
+
+    #[test]
+    fn silence_names_the_rank_its_node_and_the_phase() {
+        let e = CommError::PeerSilent {
+            rank: 0,
+            peer: 3,
+            host: "node1".into(),
+            doing: "receiving from",
+            silence: Duration::from_secs(15),
+            phase: "in all_reduce".into(),
+        };
+        assert!(e.to_string().starts_with(
+            "rank 3 (on node1) went silent while rank 0 was receiving from it, in all_reduce: \
+             nothing heard from it for 15s"
+        ));
+        assert_eq!((e.blamed_rank(), e.kind()), (Some(3), "peer_silent"));
+        let e = CommError::StoreSilent {
+            rank: 2,
+            endpoint: "node0:29500".into(),
+            silence: Duration::from_secs(15),
+            phase: "in a barrier".into(),
+        };
+        assert!(e.to_string().starts_with(
+            "rank 2 heard nothing from the rendezvous store at node0:29500 (rank 0's node) for \
+             15s while it was in a barrier"
+        ));
+        assert_eq!(e.blamed_rank(), Some(0));
+        assert_eq!(e.lost_store(), Some("node0:29500"));
+        let e = CommError::RankSilent {
+            rank: 0,
+            gone: 2,
+            claim: "pid 7 at 10.0.0.2:4 on node1".into(),
+            phase: "in all_reduce".into(),
+            silence: Duration::from_secs(15),
+        };
+        assert!(e.to_string().starts_with(
+            "rank 2 (pid 7 at 10.0.0.2:4 on node1) went silent while rank 0 was in all_reduce"
+        ));
+        assert_eq!((e.blamed_rank(), e.kind()), (Some(2), "rank_silent"));
     }
 
     #[test]

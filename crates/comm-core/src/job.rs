@@ -18,7 +18,7 @@ use crate::comm::Communicator;
 use crate::error::{CommError, Result};
 use crate::phase::Phase;
 use crate::settings::Settings;
-use crate::store::{Membership, Store, StoreServer};
+use crate::store::{Membership, Store, StoreLimits, StoreServer};
 use crate::topology::{StoreHost, Topology};
 
 /// One rank's part in a launched job.
@@ -49,12 +49,19 @@ impl Job {
         let (rank, world_size) = (topology.rank, topology.world_size);
         let _span = crate::trace::Span::range(|| "rendezvous".into());
         crate::phase::enter(Phase::Rendezvous);
+        let serves_store = topology.store == StoreHost::RankZero;
+        crate::descriptors::check_rank(rank, world_size, serves_store)?;
+        let limits = StoreLimits {
+            heartbeat: settings.heartbeat,
+            ..StoreLimits::for_world(world_size)
+        };
         let server = match (rank, topology.store) {
-            (0, StoreHost::RankZero) => Some(StoreServer::bind_job(
+            (0, StoreHost::RankZero) => Some(StoreServer::bind_with(
                 &topology.master_addr,
                 topology.master_port,
                 world_size,
                 topology.run_id.as_deref(),
+                limits,
             )?),
             _ => None,
         }
@@ -67,7 +74,7 @@ impl Job {
             namespace: &namespace,
         };
         let (addr, port) = (&topology.master_addr, topology.master_port);
-        let store = Store::join(addr, port, &who, settings.timeout)?;
+        let store = Store::join(addr, port, &who, settings.timeout, settings.heartbeat)?;
         let serving = server.clone();
         let own = store.own_addrs();
         store.when_job_ends(move |error| stop_now(rank, &error, serving.as_deref(), &own));
@@ -147,6 +154,7 @@ impl Job {
                         copy: settings.copy,
                         refuse_cross_memory: false,
                         refuse_registered: false,
+                        heartbeat: settings.heartbeat,
                     },
                     ip,
                     run_id: topology.run_id.clone(),
@@ -179,17 +187,30 @@ impl Job {
     /// the others see by themselves (a timeout, a peer's or the store's loss): each of them then
     /// reports what it waited for, which is how the launcher finds the rank at the root; this
     /// rank only says it leaves knowingly, so that its exit is not taken for a rank vanishing.
+    ///
+    /// A rank that lost the store tells it nothing: a store gone silent would hold the request
+    /// until this rank's own connection is found silent too. A peer found silent is news to
+    /// tell: the others may not have noticed yet.
     pub fn abort(&self, error: &CommError) {
+        let store_gone = matches!(
+            error,
+            CommError::StoreLost { .. }
+                | CommError::StoreSilent { .. }
+                | CommError::StoreUnreachable { .. }
+        );
         let seen_by_all = matches!(
             error,
             CommError::Timeout { .. }
                 | CommError::PeerClosed { .. }
                 | CommError::PeerGone { .. }
                 | CommError::PeerUnreachable { .. }
-                | CommError::StoreLost { .. }
-                | CommError::StoreUnreachable { .. }
                 | CommError::JobAborted { .. }
+                | CommError::RankVanished { .. }
+                | CommError::RankSilent { .. }
         );
+        if store_gone {
+            return;
+        }
         if seen_by_all {
             self.store.leave();
         } else {

@@ -148,12 +148,19 @@ pub fn rank_life(
     }
 }
 
-/// Reports this rank's failure `e`. A lost store is often the news of the job ending under this
-/// rank arriving by the wrong door: rank 0 stopped because another rank failed or vanished, and
-/// the reason is on its way to this rank's watcher (`job/abort`). The watcher gets a moment to
-/// report that cause first (it then ends the process); only then is the lost store reported.
+/// Reports this rank's failure `e`. A lost store, or a peer's link closing, is often the news of
+/// the job ending under this rank arriving by the wrong door: rank 0 stopped, or the neighbour
+/// shut its links, because another rank failed or vanished, and the reason is on its way to this
+/// rank's watcher (`job/abort`: the store heard of a vanished rank as the neighbour did). The
+/// watcher gets a moment to report that cause first (it then ends the process); only then is
+/// the lost store or the closed link reported. Without that moment a survivor of a rank killed
+/// mid-collective sometimes blamed the neighbour that failed first (`rank 0 closed its
+/// connection`) instead of the rank that died.
 fn report(rank: usize, e: &CommError) -> i32 {
-    if matches!(e, CommError::StoreLost { .. }) {
+    if matches!(
+        e,
+        CommError::StoreLost { .. } | CommError::PeerClosed { .. }
+    ) {
         let until = std::time::Instant::now() + WATCHER_GRACE;
         while !crate::failure_record::reported() && std::time::Instant::now() < until {
             std::thread::sleep(std::time::Duration::from_millis(10));

@@ -16,6 +16,7 @@ use crate::backend::cpu::{self, Algo, CopyChoice, TransportChoice};
 use crate::backend::BackendChoice;
 use crate::collective::Collective;
 use crate::error::{CommError, Result};
+use crate::heartbeat::{self, Heartbeat};
 use crate::named::Named;
 use crate::topology::Topology;
 
@@ -51,6 +52,10 @@ pub struct Settings {
     pub trace: Option<PathBuf>,
     /// Where rank 0 serves the store (`--master-addr`, `--master-port`).
     pub master: Master,
+    /// How a silent peer is noticed (`--heartbeat`, `--heartbeat-misses`): the store's
+    /// connections and every peer link are probed, and a peer unheard for the whole bound ends
+    /// the job, naming it.
+    pub heartbeat: Heartbeat,
 }
 
 impl Default for Settings {
@@ -66,6 +71,7 @@ impl Default for Settings {
             steps: false,
             trace: None,
             master: Master::default(),
+            heartbeat: Heartbeat::default(),
         }
     }
 }
@@ -157,6 +163,18 @@ pub struct JobArgs {
     #[arg(long, visible_alias = "master_port", value_name = "PORT",
           value_parser = clap::value_parser!(u16).range(1..))]
     pub master_port: Option<u16>,
+
+    /// Seconds of quiet after which every connection of the job (to the store, between ranks)
+    /// is probed, and between probes: torchrun's keep-alive interval.
+    #[arg(long, value_name = "SECONDS", default_value_t = heartbeat::DEFAULT_INTERVAL.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=heartbeat::MAX_KEEPALIVE_SECONDS))]
+    pub heartbeat: u64,
+
+    /// Heartbeats a peer may miss: one silent this many intervals (a lost node, a cut cable)
+    /// ends the job, naming it, long before --timeout. torchrun's keep-alive count.
+    #[arg(long, value_name = "N", default_value_t = heartbeat::DEFAULT_MISSES,
+          value_parser = clap::value_parser!(u32).range(1..=heartbeat::MAX_KEEPALIVE_PROBES as i64))]
+    pub heartbeat_misses: u32,
 }
 
 impl JobArgs {
@@ -171,6 +189,10 @@ impl JobArgs {
             algo: algo_flag(self.algo, runs)?,
             trace: self.trace.clone(),
             master: Master::new(self.master_addr.as_deref(), self.master_port)?,
+            heartbeat: Heartbeat {
+                interval: Duration::from_secs(self.heartbeat),
+                misses: self.heartbeat_misses,
+            },
             ..Settings::default()
         })
     }
@@ -273,11 +295,11 @@ fn algo_help(a: Algo) -> &'static str {
     match a {
         Algo::Ring => {
             "all_reduce: a reduce-scatter then an all-gather around the ring, 2(n-1) steps each \
-             moving 1/n of the buffer (chosen above 256 KiB)"
+             moving 1/n of the buffer (chosen above 256 KiB, or on more than 8 ranks)"
         }
         Algo::Direct => {
             "all_reduce: every rank sends its whole buffer to every other and reduces all n, one \
-             step (chosen up to 256 KiB)"
+             step (chosen up to 256 KiB on up to 8 ranks)"
         }
         Algo::Tree => {
             "broadcast: a binomial tree, log2(n) rounds of whole buffers (chosen up to 4 MiB)"

@@ -87,6 +87,7 @@ fn connect(wire: Wire, store: &Store, prefix: &str, rank: usize, n: usize) -> Bo
                 },
                 refuse_cross_memory: false,
                 refuse_registered: false,
+                heartbeat: Default::default(),
             };
             cpu::connect(
                 &store.scoped(prefix),
@@ -604,6 +605,7 @@ fn the_transport_line_says_which_copy() {
             copy,
             refuse_cross_memory: false,
             refuse_registered: false,
+            heartbeat: Default::default(),
         };
         for got in wired(3, |_| wiring) {
             let why = format!("shared memory between the 3 ranks of this host{added}");
@@ -623,6 +625,7 @@ fn one_rank_that_cannot_read_turns_single_copy_off_for_all() {
             copy,
             refuse_cross_memory: rank == 2,
             refuse_registered: false,
+            heartbeat: Default::default(),
         }
     };
     let why = "rank 2 cannot read rank 0's memory: refused";
@@ -673,6 +676,7 @@ fn ranks_given_different_copies_are_told() {
         copy: [CopyChoice::Auto, CopyChoice::Ring][rank],
         refuse_cross_memory: false,
         refuse_registered: false,
+        heartbeat: Default::default(),
     });
     let e = got[1].as_ref().unwrap_err();
     assert!(
@@ -754,6 +758,7 @@ fn one_rank_that_cannot_open_peers_turns_registered_buffers_off_for_all() {
             copy,
             refuse_cross_memory: false,
             refuse_registered: rank == 1,
+            heartbeat: Default::default(),
         }
     };
     let why = "rank 1 cannot open rank 0's buffers: refused";

@@ -1,7 +1,8 @@
 //! A rank's peer port on a shared node: other people's connections, other jobs' ranks, and
 //! peers that stop or trickle. A silent connection does not delay the job, a rank of another run
-//! or a rank that is taken is refused at once and named, and `--timeout` is one deadline per
-//! collective call that a stopped (SIGSTOP) or trickling peer cannot stretch.
+//! or a rank that is taken is refused at once and named (when it dials: links open as a pair
+//! first talks), and `--timeout` is one deadline per collective call that a stopped (SIGSTOP) or
+//! trickling peer cannot stretch.
 //!
 //! All traffic stays on 127.0.0.1. This test binary is also its own helper process: re-executed
 //! with `PEER_SCENARIO` set, the test function plays a rank instead of checking.
@@ -29,14 +30,28 @@ fn peer_addr(store: &Store, prefix: &str, rank: usize) -> String {
     String::from_utf8(store.get(&format!("{prefix}/addr/{rank}")).unwrap()).unwrap()
 }
 
-/// A peer hello as the wire carries it (see `backend/cpu/tcp/hello.rs`).
+/// A peer hello as the wire carries it (see `backend/cpu/tcp/hello.rs`), from host `here`.
 fn hello(rank: u32, world: u32, run: &str) -> Vec<u8> {
-    let mut out = b"NCW2".to_vec();
+    let mut out = b"NCW3".to_vec();
     out.extend_from_slice(&rank.to_le_bytes());
     out.extend_from_slice(&world.to_le_bytes());
-    out.extend_from_slice(&(run.len() as u16).to_le_bytes());
-    out.extend_from_slice(run.as_bytes());
+    for text in [run, "here"] {
+        out.extend_from_slice(&(text.len() as u16).to_le_bytes());
+        out.extend_from_slice(text.as_bytes());
+    }
     out
+}
+
+/// Rank `rank` of `world` ranks' transport under `prefix`, with run id `run`.
+fn transport(
+    server: &StoreServer,
+    prefix: &str,
+    (rank, world): (usize, usize),
+    run: Option<&str>,
+    timeout: Duration,
+) -> Result<TcpTransport, CommError> {
+    let store = store(server, rank, 2, timeout);
+    TcpTransport::connect(&store.scoped(prefix), rank, world, run, timeout)
 }
 
 #[test]
@@ -100,30 +115,24 @@ fn a_silent_connection_does_not_delay_the_job() {
 fn a_peer_from_another_run_is_refused_naming_both_runs() {
     let server = StoreServer::bind(0, 2).unwrap();
     let timeout = Duration::from_secs(10);
-    let started = Instant::now();
-    let results: Vec<Result<TcpTransport, CommError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = [(0, "job-a"), (1, "job-b")]
-            .into_iter()
-            .map(|(rank, run)| {
-                let server = &server;
-                s.spawn(move || {
-                    TcpTransport::connect(
-                        &store(server, rank, 2, timeout).scoped("x"),
-                        rank,
-                        2,
-                        Some(run),
-                        timeout,
-                    )
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let (zero, one) = std::thread::scope(|s| {
+        let server = &server;
+        let zero = s.spawn(move || transport(server, "x", (0, 2), Some("job-a"), timeout));
+        let one = transport(server, "x", (1, 2), Some("job-b"), timeout).unwrap();
+        (zero.join().unwrap().unwrap(), one)
     });
+    // Rank 1 talks first: its dial is refused, and rank 0 has failed by the time it hears so.
+    let started = Instant::now();
+    let refused = one.send(0, &[0u8; 4]).unwrap_err();
+    assert!(
+        refused.to_string().contains("refused rank 1's connection"),
+        "{refused}"
+    );
+    let err = zero.recv(1, &mut [0u8; 4]).unwrap_err();
     let took = started.elapsed();
     assert!(took < Duration::from_secs(3), "refusing took {took:?}");
-    let err = results[0].as_ref().err().expect("rank 0 must refuse");
     eprintln!("another run, after {took:?}: {err}");
-    match err {
+    match &err {
         CommError::ForeignPeer {
             rank: 0,
             claimed: 1,
@@ -154,14 +163,6 @@ fn a_peer_from_another_run_is_refused_naming_both_runs() {
         None,
         "the culprit is not a rank of this job"
     );
-    let refused = results[1]
-        .as_ref()
-        .err()
-        .expect("rank 1 learns it was refused");
-    assert!(
-        refused.to_string().contains("refused rank 1's connection"),
-        "{refused}"
-    );
 }
 
 #[test]
@@ -174,14 +175,10 @@ fn without_a_run_id_on_one_side_run_ids_are_not_compared() {
             .map(|(rank, run)| {
                 let server = &server;
                 s.spawn(move || {
-                    TcpTransport::connect(
-                        &store(server, rank, 2, timeout).scoped("h"),
-                        rank,
-                        2,
-                        run,
-                        timeout,
-                    )
-                    .unwrap()
+                    let t = transport(server, "h", (rank, 2), run, timeout).unwrap();
+                    let comm = Communicator::cpu(Box::new(t), rank);
+                    let mut buf = comm.buffer(&[1.0f32; 4]).unwrap();
+                    comm.all_reduce(&mut buf, ReduceOp::Sum).unwrap();
                 })
             })
             .collect();
@@ -193,50 +190,35 @@ fn without_a_run_id_on_one_side_run_ids_are_not_compared() {
 
 #[test]
 fn a_rank_that_is_already_connected_is_refused() {
-    // Two by-hand jobs: both their ranks 1 reach job A's rank 0. (Through one store the second
+    // Two by-hand jobs: both their ranks 1 dial job A's rank 0. (Through one store the second
     // rank 1 would be refused by the store itself, so job B's rank 1 meets at a store of its
     // own that was told job A's peer address.)
-    let server = StoreServer::bind(0, 3).unwrap();
-    let server_b = StoreServer::bind(0, 3).unwrap();
+    let server = StoreServer::bind(0, 2).unwrap();
+    let server_b = StoreServer::bind(0, 2).unwrap();
     let timeout = Duration::from_secs(3);
-    let started = Instant::now();
-    let rank0 = std::thread::scope(|s| {
-        let rank0 = s.spawn(|| {
-            let result = TcpTransport::connect(
-                &store(&server, 0, 3, timeout).scoped("d"),
-                0,
-                3,
-                None,
-                timeout,
-            );
-            (result, started.elapsed())
-        });
-        let job_a = s.spawn(|| {
-            TcpTransport::connect(
-                &store(&server, 1, 3, timeout).scoped("d"),
-                1,
-                3,
-                None,
-                timeout,
-            )
-        });
-        let job_b = s.spawn(|| {
-            let addr = store(&server, 2, 3, timeout).get("d/addr/0").unwrap();
-            let store_b = store(&server_b, 1, 3, timeout);
-            store_b.set("d/addr/0", &addr).unwrap();
-            TcpTransport::connect(&store_b.scoped("d"), 1, 3, None, timeout)
-        });
-        let claimants = [job_a, job_b];
-        let refused = claimants
-            .into_iter()
-            .filter_map(|h| h.join().unwrap().err())
-            .filter(|e| e.to_string().contains("refused rank 1's connection"))
-            .count();
-        assert_eq!(refused, 1, "one of the two is refused");
-        rank0.join().unwrap()
+    let store0 = store(&server, 0, 2, timeout);
+    let (zero, job_a) = std::thread::scope(|s| {
+        let zero = s.spawn(|| TcpTransport::connect(&store0.scoped("d"), 0, 2, None, timeout));
+        let job_a = transport(&server, "d", (1, 2), None, timeout).unwrap();
+        (zero.join().unwrap().unwrap(), job_a)
     });
-    let (result, took) = rank0;
-    let err = result.err().expect("rank 0 must refuse the second rank 1");
+    let store_b = store(&server_b, 1, 2, timeout);
+    store_b
+        .set("d/addr/0", &store0.get("d/addr/0").unwrap())
+        .unwrap();
+    let job_b = TcpTransport::connect(&store_b.scoped("d"), 1, 2, None, timeout).unwrap();
+    // Job A's rank 1 talks first and is let in; then job B's.
+    job_a.send(0, &[1u8; 4]).unwrap();
+    let started = Instant::now();
+    let refused = job_b.send(0, &[2u8; 4]).unwrap_err();
+    assert!(
+        refused.to_string().contains("refused rank 1's connection"),
+        "{refused}"
+    );
+    let err = zero
+        .recv(1, &mut [0u8; 4])
+        .expect_err("rank 0 must refuse the second rank 1");
+    let took = started.elapsed();
     eprintln!("duplicate rank, after {took:?}: {err}");
     assert!(took < Duration::from_secs(2), "refusing took {took:?}");
     assert!(
@@ -262,37 +244,33 @@ fn a_peer_of_another_world_size_is_refused() {
     let server = StoreServer::bind(0, 2).unwrap();
     let timeout = Duration::from_secs(3);
     let started = Instant::now();
-    let results: Vec<Result<TcpTransport, CommError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = [(0, 2), (1, 3)]
-            .into_iter()
-            .map(|(rank, world)| {
-                let server = &server;
-                s.spawn(move || {
-                    TcpTransport::connect(
-                        &store(server, rank, 2, timeout).scoped("w"),
-                        rank,
-                        world,
-                        None,
-                        timeout,
-                    )
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let zero = std::thread::scope(|s| {
+        let server = &server;
+        // Rank 1 says 3 ranks: its transport waits for rank 2's address, which never comes.
+        let one = s.spawn(move || transport(server, "w", (1, 3), None, timeout));
+        let zero = transport(server, "w", (0, 2), None, timeout).unwrap();
+        let mut buf = [0u8; 4];
+        let err = zero.recv(1, &mut buf).unwrap_err();
+        let took = started.elapsed();
+        eprintln!("world size, after {took:?}: {err}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        // Rank 1 refused rank 0's dial, and said why.
+        let why = "claiming to be rank 0 of a job of 2 ranks, but this job has 3";
+        assert!(
+            err.to_string().contains("refused rank 0's connection")
+                && err.to_string().contains(why),
+            "{err}"
+        );
+        // That, not its wait for rank 2, is what rank 1 reports.
+        let one = one.join().unwrap().err().expect("rank 1 fails too");
+        assert!(
+            one.to_string()
+                .contains("a job of 2 ranks, but this job has 3"),
+            "{one}"
+        );
+        zero
     });
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        started.elapsed()
-    );
-    let err = results[0].as_ref().err().expect("rank 0 must refuse");
-    eprintln!("world size, after {:?}: {err}", started.elapsed());
-    assert!(
-        err.to_string()
-            .contains("a job of 3 ranks, but this job has 2"),
-        "{err}"
-    );
-    assert!(results[1].is_err());
+    drop(zero);
 }
 
 /// Rank 1 as a process of its own, so that it can be stopped: connects, records its pid, then
@@ -375,14 +353,24 @@ fn a_trickling_peer_does_not_extend_the_deadline() {
         // Rank 1 speaks the protocol by hand: a hello, then one byte every 0.5 s of a message
         // of the right size (8 bytes of length, 16 of payload): it would arrive whole after
         // 12 s, and each byte restarted a per-read timeout.
+        let (dialled, linked) = std::sync::mpsc::channel();
         s.spawn(move || {
             let store1 = store(server, 1, 2, Duration::from_secs(10));
+            // An address for rank 0's transport to read; rank 1 dials before rank 0 talks.
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let own = listener.local_addr().unwrap().to_string();
+            store1.set("tr/addr/1", own.as_bytes()).unwrap();
             let mut stream = TcpStream::connect(peer_addr(&store1, "tr", 0)).unwrap();
             stream.write_all(&hello(1, 2, "")).unwrap();
-            let mut answer = [0u8; 14 + 3];
-            stream.read_exact(&mut answer).unwrap();
-            assert_eq!(&answer[..4], b"NCW2");
-            assert_eq!(answer[14], 0, "accepted");
+            // Rank 0's hello (its host name is this machine's), then the verdict.
+            let mut head = [0u8; 16];
+            stream.read_exact(&mut head).unwrap();
+            assert_eq!(&head[..4], b"NCW3");
+            let host = u16::from_le_bytes([head[14], head[15]]) as usize;
+            let mut rest = vec![0u8; host + 3];
+            stream.read_exact(&mut rest).unwrap();
+            assert_eq!(rest[host], 0, "accepted");
+            dialled.send(()).unwrap();
             let mut message = 16u64.to_le_bytes().to_vec();
             message.extend_from_slice(&[0u8; 16]);
             for byte in message {
@@ -400,6 +388,7 @@ fn a_trickling_peer_does_not_extend_the_deadline() {
             timeout,
         )
         .unwrap();
+        linked.recv().unwrap();
         let started = Instant::now();
         let mut out = [0u8; 16];
         let err = t.recv(1, &mut out).unwrap_err();

@@ -134,6 +134,11 @@ impl Running {
         child.wait().expect("reaped");
     }
 
+    /// What it has printed on stdout so far, while it runs.
+    pub fn stdout_so_far(&self) -> String {
+        String::from_utf8_lossy(&self.stdout.bytes.lock().unwrap()).into_owned()
+    }
+
     /// Waits until it ends. Past `limit`, kills its process group and fails the test with what
     /// it printed.
     pub fn finish(mut self, limit: Duration) -> Finished {

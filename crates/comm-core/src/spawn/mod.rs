@@ -28,7 +28,7 @@ mod relay;
 mod root_cause;
 mod signals;
 
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -129,11 +129,18 @@ fn start_ranks(
         exited,
         release,
     };
+    // Every rank is started before any thread that serves one: a fork copies the launcher's
+    // mappings, and each thread's stack is one, so forking among thousands of relay threads
+    // costs a thousand ranks seconds (a cost that grows with the square of the ranks).
+    let mut children = Vec::with_capacity(plan.nproc_per_node);
     for local_rank in 0..plan.nproc_per_node {
         let output = extras.outputs.get(local_rank).cloned().unwrap_or_default();
         let mut command = rank_command(plan, extras, world_size, local_rank, &output, records);
-        let mut child: Child = match command.spawn() {
-            Ok(child) => child,
+        match command.spawn() {
+            Ok(child) => {
+                started.pids.push(child.id());
+                children.push((child, output));
+            }
             Err(e) => {
                 signals::kill_all(&started.pids);
                 return Err(CommError::io(
@@ -145,8 +152,9 @@ fn start_ranks(
                     e,
                 ));
             }
-        };
-        started.pids.push(child.id());
+        }
+    }
+    for (local_rank, (mut child, output)) in children.into_iter().enumerate() {
         let prefix = plan
             .prefix_output
             .then(|| format!("[{}]: ", plan.rank(local_rank)));

@@ -136,6 +136,8 @@ pub(super) fn check(plan: &SpawnPlan) -> Result<usize> {
             plan.nnodes - 1
         )));
     }
+    // Rank 0 runs on node 0 and serves the store there.
+    crate::descriptors::check_launcher(plan.nproc_per_node, world_size, plan.node_rank == 0)?;
     if let Some(warning) = oversubscription_warning(plan.nproc_per_node) {
         eprintln!("{warning}");
     }

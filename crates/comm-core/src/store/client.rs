@@ -20,6 +20,7 @@ use super::connection::{connect_until, Conn};
 use super::wire::{self, wire_key, Command, MAX_VALUE_BYTES};
 use crate::deadline::Deadline;
 use crate::error::{CommError, Result};
+use crate::heartbeat::{went_silent, Heartbeat};
 
 /// Why requests end early: the error for a request about a key, made in the requester's thread.
 pub(super) type Reason = Arc<dyn Fn(&str) -> CommError + Send + Sync>;
@@ -34,6 +35,8 @@ pub(super) struct Client {
     namespace: String,
     rank: usize,
     timeout: Duration,
+    /// How the connection is probed: a store silent this long is lost.
+    beat: Heartbeat,
     local_addr: SocketAddr,
 }
 
@@ -54,21 +57,22 @@ impl Ender {
 impl Client {
     /// Connects to the store at `endpoint`, retrying until `deadline` (the store may not be up
     /// yet, may be full of a stranger's silent connections, or this process or the server may
-    /// be out of file descriptors for a moment).
+    /// be out of file descriptors for a moment), probed as `beat` says.
     pub(super) fn connect(
         endpoint: &str,
         rank: usize,
         namespace: &str,
-        timeout: Duration,
-        deadline: Deadline,
+        (timeout, deadline): (Duration, Deadline),
+        beat: Heartbeat,
     ) -> Result<Client> {
-        let conn =
-            connect_until(endpoint, deadline).map_err(|source| CommError::StoreUnreachable {
+        let conn = connect_until(endpoint, deadline, beat).map_err(|source| {
+            CommError::StoreUnreachable {
                 rank,
                 endpoint: endpoint.to_string(),
                 timeout,
                 source,
-            })?;
+            }
+        })?;
         let lost = |source| CommError::StoreLost {
             rank,
             endpoint: endpoint.to_string(),
@@ -84,7 +88,13 @@ impl Client {
             namespace: namespace.to_string(),
             rank,
             timeout,
+            beat,
         })
+    }
+
+    /// How the connection is probed.
+    pub(super) fn heartbeat(&self) -> Heartbeat {
+        self.beat
     }
 
     /// A handle that ends this client's requests from another thread.
@@ -371,6 +381,14 @@ impl Client {
             .map_err(|e| {
                 if let Some(ended) = self.ended(key) {
                     return ended;
+                }
+                if went_silent(&e) {
+                    return CommError::StoreSilent {
+                        rank: self.rank,
+                        endpoint: self.endpoint.clone(),
+                        silence: self.beat.silence(),
+                        phase: crate::phase::now(),
+                    };
                 }
                 match e.kind() {
                     ErrorKind::WouldBlock | ErrorKind::TimedOut => CommError::Timeout {

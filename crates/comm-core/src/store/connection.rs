@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::wire::{self, Answer, Command, Shape};
 use crate::deadline::Deadline;
+use crate::heartbeat::Heartbeat;
 
 /// One TCPStore connection.
 pub(super) struct Conn {
@@ -19,13 +20,14 @@ pub(super) struct Conn {
 
 impl Conn {
     /// Connects within `left`, validates and pings (the ping proves a TCPStore answers).
-    pub(super) fn open(endpoint: &str, left: Duration) -> std::io::Result<Conn> {
-        Conn::start(endpoint, left)?.confirm()
+    pub(super) fn open(endpoint: &str, left: Duration, beat: Heartbeat) -> std::io::Result<Conn> {
+        Conn::start(endpoint, left, beat)?.confirm()
     }
 
     /// Connects within `left` and sends VALIDATE and a PING, without waiting for the answer:
-    /// [`Conn::confirm`] reads it, so the round trip can overlap other work.
-    pub(super) fn start(endpoint: &str, left: Duration) -> std::io::Result<Conn> {
+    /// [`Conn::confirm`] reads it, so the round trip can overlap other work. The connection is
+    /// probed as `beat` says, so a store whose node went silent is noticed.
+    pub(super) fn start(endpoint: &str, left: Duration, beat: Heartbeat) -> std::io::Result<Conn> {
         let left = left.clamp(Duration::from_millis(50), Duration::from_secs(5));
         let addr = endpoint.to_socket_addrs()?.next().ok_or_else(|| {
             std::io::Error::new(ErrorKind::NotFound, format!("{endpoint} has no address"))
@@ -40,6 +42,7 @@ impl Conn {
             ));
         }
         stream.set_nodelay(true)?;
+        beat.apply(&stream)?;
         stream.set_read_timeout(Some(left))?;
         let reader = BufReader::new(stream.try_clone()?);
         let mut conn = Conn { stream, reader };
@@ -187,11 +190,15 @@ fn closed(e: &std::io::Error) -> bool {
 }
 
 /// Connects, validates and pings, retrying with a growing pause until `deadline`.
-pub(super) fn connect_until(endpoint: &str, deadline: Deadline) -> std::io::Result<Conn> {
+pub(super) fn connect_until(
+    endpoint: &str,
+    deadline: Deadline,
+    beat: Heartbeat,
+) -> std::io::Result<Conn> {
     let mut pause = Duration::from_millis(20);
     loop {
         let left = deadline.remaining().unwrap_or(Duration::MAX);
-        match Conn::open(endpoint, left) {
+        match Conn::open(endpoint, left, beat) {
             Ok(conn) => return Ok(conn),
             Err(e) if deadline.remaining().is_some_and(|left| left <= pause) => return Err(e),
             Err(_) => {}

@@ -19,8 +19,9 @@
 //! is not its own.
 //!
 //! A rank that vanishes (killed, crashed) tells nobody, but its connections to the store close.
-//! Our server (not torchrun's agent store, whose agent watches its workers itself) matches a
-//! closed connection's address with the ranks' claims, and unless that rank said it was leaving
+//! Our server (not torchrun's agent store, whose agent watches its workers itself) remembers
+//! which connection made which rank's claim ([`claimed_rank`]); when one closes and its address
+//! is the claim's, unless that rank said it was leaving
 //! (`job/left/<r>`), writes the abort key for it ([`vanished`]): every rank's watcher hears of it
 //! within milliseconds, in whatever phase it is, as torchrun's agent hears of a dead worker.
 
@@ -58,6 +59,9 @@ pub fn left_key(rank: usize) -> String {
 
 /// How an abort written by the server for a vanished rank starts its reason (after `<rank>\n`).
 const VANISHED: &str = "vanished: ";
+/// How an abort written by the server for a silent rank starts its reason (after `<rank>\n`),
+/// before the seconds it went unheard and `: `.
+const SILENT: &str = "silent ";
 
 /// The key rank `rank` claims as it joins.
 pub fn rank_key(rank: usize) -> String {
@@ -95,7 +99,12 @@ pub(super) fn join(client: &Client, who: &Membership<'_>) -> Result<()> {
         }
     }
     let world = world_size.to_string();
-    let me = format!("{} (pid {})", client.local_addr(), std::process::id());
+    let me = format!(
+        "{} (pid {} on {})",
+        client.local_addr(),
+        std::process::id(),
+        crate::host::hostname()
+    );
     let claim = rank_key(rank);
     let facts: [(&str, &[u8]); 2] = [(WORLD_SIZE_KEY, world.as_bytes()), (&claim, me.as_bytes())];
     let (now, ended) = client.compare_sets_then_check(&facts, ABORT_KEY, "joining")?;
@@ -192,6 +201,19 @@ pub(super) fn reason(rank: usize, value: &[u8]) -> CommError {
     let text = String::from_utf8_lossy(value);
     let (by, reason) = text.split_once('\n').unwrap_or(("?", &text));
     let by = by.trim().parse().unwrap_or(usize::MAX);
+    let silent = reason.strip_prefix(SILENT).and_then(|rest| {
+        let (seconds, claim) = rest.split_once("s: ")?;
+        Some((Duration::from_secs(seconds.parse().ok()?), claim))
+    });
+    if let Some((silence, claim)) = silent {
+        return CommError::RankSilent {
+            rank,
+            gone: by,
+            claim: claim.to_string(),
+            phase: crate::phase::now(),
+            silence,
+        };
+    }
     match reason.strip_prefix(VANISHED) {
         Some(claim) => CommError::RankVanished {
             rank,
@@ -207,34 +229,46 @@ pub(super) fn reason(rank: usize, value: &[u8]) -> CommError {
     }
 }
 
-/// What our server writes when a connection from `peer` closes (`values`: what it stores, under
-/// wire keys of the empty namespace, its own): the abort key and its value when the connection
-/// was a rank's (its claim starts with that address) and the rank neither said it was leaving
-/// nor did the job end already.
+/// The rank whose claim a COMPARE_SET on `key` (a wire key of our server's empty namespace)
+/// makes, if it is one: the server remembers it on the connection that made it.
+pub(super) fn claimed_rank(key: &str) -> Option<usize> {
+    key.strip_prefix(&wire_key("", "job/rank/"))?.parse().ok()
+}
+
+/// What our server writes when a connection from `peer` that claimed rank `rank` closes
+/// (`values`: what it stores, under wire keys of the empty namespace, its own), or went silent
+/// for `silent` (the heartbeat's bound): the abort key and its value when the claim is that
+/// connection's (it starts with its address: the claim of a duplicate that was refused is
+/// another's) and the rank neither said it was leaving nor did the job end already. A few
+/// lookups, whatever the job's size.
 pub(super) fn vanished(
     values: &HashMap<String, Vec<u8>>,
+    rank: usize,
     peer: SocketAddr,
+    silent: Option<Duration>,
 ) -> Option<(String, Vec<u8>)> {
     let abort = wire_key("", ABORT_KEY);
-    if values.contains_key(&abort) {
+    if values.contains_key(&abort) || values.contains_key(&wire_key("", &left_key(rank))) {
         return None;
     }
-    let claims = wire_key("", "job/rank/");
     let address = peer.to_string();
-    let (rank, claim) = values.iter().find_map(|(key, value)| {
-        let rank: usize = key.strip_prefix(&claims)?.parse().ok()?;
-        let claim = std::str::from_utf8(value).ok()?;
-        (claim.split(' ').next() == Some(address.as_str())).then_some((rank, claim))
-    })?;
-    if values.contains_key(&wire_key("", &left_key(rank))) {
+    let claim = std::str::from_utf8(values.get(&wire_key("", &rank_key(rank)))?).ok()?;
+    if claim.split(' ').next() != Some(address.as_str()) {
         return None;
     }
-    // The claim is "<address> (pid <pid>)": said as "pid <pid> at <address>".
-    let pid = claim
+    // The claim is "<address> (pid <pid> on <host>)": said as "pid <pid> at <address> on <host>".
+    let inside = claim
         .split_once("(pid ")
         .map_or("", |(_, p)| p.trim_end_matches(')'));
-    let who = format!("pid {pid} at {address}");
-    Some((abort, format!("{rank}\n{VANISHED}{who}").into_bytes()))
+    let who = match inside.split_once(" on ") {
+        Some((pid, host)) => format!("pid {pid} at {address} on {host}"),
+        None => format!("pid {inside} at {address}"),
+    };
+    let why = match silent {
+        Some(silence) => format!("{SILENT}{}s: {who}", silence.as_secs()),
+        None => format!("{VANISHED}{who}"),
+    };
+    Some((abort, format!("{rank}\n{why}").into_bytes()))
 }
 
 #[cfg(test)]
@@ -251,12 +285,14 @@ mod tests {
     #[test]
     fn a_ranks_connection_closing_before_it_left_ends_the_job_naming_it() {
         let peer: SocketAddr = "127.0.0.1:40280".parse().unwrap();
-        let claim = "127.0.0.1:40280 (pid 1797)";
+        let claim = "127.0.0.1:40280 (pid 1797 on node1)";
         let values = stored(&[
             (&rank_key(0), "127.0.0.1:40100 (pid 1)"),
             (&rank_key(2), claim),
         ]);
-        let (key, value) = vanished(&values, peer).expect("rank 2 vanished");
+        assert_eq!(claimed_rank(&wire_key("", &rank_key(2))), Some(2));
+        assert_eq!(claimed_rank(&wire_key("", "job/run_id")), None);
+        let (key, value) = vanished(&values, 2, peer, None).expect("rank 2 vanished");
         assert_eq!(key, wire_key("", ABORT_KEY));
         match reason(1, &value) {
             CommError::RankVanished {
@@ -266,15 +302,31 @@ mod tests {
                 ..
             } => assert_eq!(
                 (rank, gone, c.as_str()),
-                (1, 2, "pid 1797 at 127.0.0.1:40280")
+                (1, 2, "pid 1797 at 127.0.0.1:40280 on node1")
             ),
             other => panic!("{other}"),
         }
-        // Not news: a stranger's connection, a rank that said it was leaving, a job already ended.
-        assert!(vanished(&values, "127.0.0.1:9".parse().unwrap()).is_none());
+        // Silent for the heartbeat's bound instead: said so, with how long.
+        let silence = Some(Duration::from_secs(15));
+        let (_, value) = vanished(&values, 2, peer, silence).expect("rank 2 went silent");
+        match reason(1, &value) {
+            CommError::RankSilent {
+                gone: 2,
+                claim,
+                silence,
+                ..
+            } => {
+                assert_eq!(claim, "pid 1797 at 127.0.0.1:40280 on node1");
+                assert_eq!(silence, Duration::from_secs(15));
+            }
+            other => panic!("{other}"),
+        }
+        // Not news: a refused duplicate's connection (the claim is another's), a rank that said
+        // it was leaving, a job already ended.
+        assert!(vanished(&values, 2, "127.0.0.1:9".parse().unwrap(), None).is_none());
         let left = stored(&[(&rank_key(2), claim), (&left_key(2), "")]);
-        assert!(vanished(&left, peer).is_none());
+        assert!(vanished(&left, 2, peer, None).is_none());
         let ended = stored(&[(&rank_key(2), claim), (ABORT_KEY, "0\nwhy")]);
-        assert!(vanished(&ended, peer).is_none());
+        assert!(vanished(&ended, 2, peer, None).is_none());
     }
 }

@@ -1,8 +1,11 @@
 //! The store's server side: rank 0 binds MASTER_PORT and answers every rank's requests in c10d's
-//! TCPStore protocol (see `wire.rs`), from one thread that polls every connection, as PyTorch's
-//! libuv server does. The poll loop only moves bytes: it accepts connections, holds them to the
+//! TCPStore protocol (see `wire.rs`), from one thread that waits on an epoll set of every
+//! connection, as PyTorch's libuv server does: a wake-up costs what is ready, not how many ranks
+//! are connected. The loop only moves bytes: it accepts connections, holds them to the
 //! protocol's handshake, decodes their requests and hands each to the key-value table
 //! (`table.rs`, which keeps the values and the waits), and sends back what the table answers.
+//! Nothing it does per wake-up walks every connection: silent hellos wait in a queue by
+//! deadline, and a closed connection knows which rank's claim it made.
 //!
 //! A shared node is full of other jobs using the same default ports, so the server bounds what
 //! anyone can make it hold, and drops what does not speak the protocol:
@@ -19,7 +22,7 @@
 //! the job's run id and world size. None of this is security: the store trusts its network, as
 //! PyTorch's TCPStore does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
@@ -30,7 +33,9 @@ use std::time::{Duration, Instant};
 use super::membership;
 use super::table::{Bounds, ConnId, Refused, Table};
 use super::wire::{self, Answer, Command, Malformed, MAX_VALUE_BYTES};
+use crate::epoll::{self, Epoll};
 use crate::error::{CommError, Result};
+use crate::heartbeat::{went_silent, Heartbeat};
 
 /// The longest the server stops accepting after a failed accept (out of file descriptors).
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -53,6 +58,9 @@ pub struct StoreLimits {
     pub max_stored_bytes: usize,
     /// How long a new connection may take to VALIDATE before it is dropped.
     pub hello_timeout: Duration,
+    /// How a silent connection is found: probed when quiet, and closed once unheard for the
+    /// whole bound; a rank's then ends the job as a rank gone silent.
+    pub heartbeat: Heartbeat,
 }
 
 impl StoreLimits {
@@ -65,6 +73,7 @@ impl StoreLimits {
             max_value_bytes: MAX_VALUE_BYTES,
             max_stored_bytes: 256 << 20,
             hello_timeout: Duration::from_secs(2),
+            heartbeat: Heartbeat::default(),
         }
     }
 }
@@ -72,9 +81,8 @@ impl StoreLimits {
 /// What other threads may ask of the running server.
 #[derive(Default)]
 struct Stats {
-    open_connections: usize,
     /// The other end of each open connection.
-    peers: Vec<SocketAddr>,
+    peers: HashMap<ConnId, SocketAddr>,
     stored_bytes: usize,
     /// Keys some connection waits for.
     awaited_keys: usize,
@@ -195,19 +203,12 @@ impl StoreServer {
             changed: Condvar::new(),
         });
         let table = seeded_table(&limits, world_size, run_id);
-        let mut server = Server {
+        let parts = Parts {
             listener,
             woken,
             addr,
-            limits,
-            shared: shared.clone(),
-            table,
-            connections: HashMap::new(),
-            next_id: 0,
-            accept_paused_until: None,
-            accept_backoff: Duration::ZERO,
-            log: LogBudget::default(),
         };
+        let mut server = Server::new(parts, limits, shared.clone(), table)?;
         let thread = std::thread::Builder::new()
             .name("store-server".into())
             .spawn(move || server.run())
@@ -254,7 +255,7 @@ impl StoreServer {
     /// them instead would be wrong: a rank that stops shuts its request socket and its watcher's
     /// closes, and the others' connections would then pass for its own.
     pub fn wait_until_only(&self, own: &[SocketAddr], timeout: Duration) -> bool {
-        let others = |s: &Stats| s.peers.iter().any(|p| !own.contains(p));
+        let others = |s: &Stats| s.peers.values().any(|p| !own.contains(p));
         let stats = self.shared.stats.lock().unwrap();
         let (stats, _) = self
             .shared
@@ -270,9 +271,9 @@ impl StoreServer {
         let (stats, _) = self
             .shared
             .changed
-            .wait_timeout_while(stats, timeout, |s| s.open_connections > open)
+            .wait_timeout_while(stats, timeout, |s| s.peers.len() > open)
             .unwrap();
-        stats.open_connections <= open
+        stats.peers.len() <= open
     }
 }
 
@@ -287,6 +288,13 @@ impl Drop for StoreServer {
     }
 }
 
+/// The epoll token of the wake-up pipe; the listener's is next, and connections' ids follow.
+const WAKE_TOKEN: u64 = 0;
+const LISTENER_TOKEN: u64 = 1;
+const FIRST_CONNECTION: ConnId = 2;
+/// Ready descriptors one wait reports at most; more wait for the next.
+const EVENTS_PER_WAIT: usize = 1024;
+
 /// One client connection.
 struct Connection {
     stream: TcpStream,
@@ -295,14 +303,36 @@ struct Connection {
     input: Vec<u8>,
     /// Answers not yet sent.
     output: Vec<u8>,
-    /// Until it validates: when it is dropped for silence.
-    hello_deadline: Option<Instant>,
+    /// Whether it has said TCPStore's VALIDATE (until then it may say nothing else).
+    validated: bool,
+    /// What epoll watches it for now.
+    watching: u32,
+    /// The rank whose membership claim it made (`membership.rs`): its closing is news of that
+    /// rank unless the rank said it was leaving.
+    claimed: Option<usize>,
+}
+
+impl Connection {
+    /// What to watch it for: reading unless its unsent answers are backed up, writing while
+    /// there are some.
+    fn wanted(&self) -> u32 {
+        let mut events = 0;
+        if self.output.len() < OUTPUT_BACKLOG {
+            events |= epoll::READ;
+        }
+        if !self.output.is_empty() {
+            events |= epoll::WRITE;
+        }
+        events
+    }
 }
 
 /// Why the server closes a connection.
 enum Close {
     /// It went away, or its socket failed.
     Gone,
+    /// Nothing came from it, not even an answer to the heartbeat, for the heartbeat's bound.
+    Silent,
     /// It broke the protocol or a bound: said on stderr.
     Refused(String),
 }
@@ -314,91 +344,111 @@ struct LogBudget {
     lines: u32,
 }
 
+/// The server's sockets: the listener, the end of the wake-up pipe it watches, its address.
+struct Parts {
+    listener: TcpListener,
+    woken: UnixStream,
+    addr: SocketAddr,
+}
+
 /// The server's state, owned by its one thread.
 struct Server {
     listener: TcpListener,
-    woken: UnixStream,
+    /// Held open while epoll watches it: readable once [`StoreServer`] drops.
+    _woken: UnixStream,
     addr: SocketAddr,
     limits: StoreLimits,
     shared: Arc<Shared>,
     /// The keys, values and waits.
     table: Table,
+    /// Every descriptor above; a wait costs what is ready, not how many are open.
+    poll: Epoll,
     connections: HashMap<ConnId, Connection>,
     next_id: ConnId,
+    /// Connections still to validate, by when they must (oldest first: all get the same time).
+    hello_deadlines: VecDeque<(Instant, ConnId)>,
     accept_paused_until: Option<Instant>,
     accept_backoff: Duration,
     log: LogBudget,
 }
 
 impl Server {
+    fn new(parts: Parts, limits: StoreLimits, shared: Arc<Shared>, table: Table) -> Result<Server> {
+        let Parts {
+            listener,
+            woken,
+            addr,
+        } = parts;
+        let poll = Epoll::new(EVENTS_PER_WAIT)
+            .and_then(|p| p.add(woken.as_raw_fd(), WAKE_TOKEN, epoll::READ).map(|_| p))
+            .and_then(|p| {
+                p.add(listener.as_raw_fd(), LISTENER_TOKEN, epoll::READ)
+                    .map(|_| p)
+            })
+            .map_err(|e| CommError::io("the store server's epoll set", e))?;
+        Ok(Server {
+            listener,
+            _woken: woken,
+            addr,
+            limits,
+            shared,
+            table,
+            poll,
+            connections: HashMap::new(),
+            next_id: FIRST_CONNECTION,
+            hello_deadlines: VecDeque::new(),
+            accept_paused_until: None,
+            accept_backoff: Duration::ZERO,
+            log: LogBudget::default(),
+        })
+    }
+
     fn run(&mut self) {
         loop {
-            let ids: Vec<ConnId> = self.connections.keys().copied().collect();
-            let mut fds = vec![
-                poll_fd(self.woken.as_raw_fd(), libc::POLLIN),
-                poll_fd(self.listener.as_raw_fd(), self.accept_events()),
-            ];
-            fds.extend(ids.iter().map(|id| {
-                let conn = &self.connections[id];
-                let mut events = 0;
-                if conn.output.len() < OUTPUT_BACKLOG {
-                    events |= libc::POLLIN;
-                }
-                if !conn.output.is_empty() {
-                    events |= libc::POLLOUT;
-                }
-                poll_fd(conn.stream.as_raw_fd(), events)
-            }));
             let timeout = self.poll_timeout();
-            // SAFETY: `fds` is a live, exclusively borrowed array of `fds.len()` pollfds.
-            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-            if ready < 0 && std::io::Error::last_os_error().kind() != ErrorKind::Interrupted {
+            let Ok(ready) = self.poll.wait(timeout) else {
                 return;
-            }
-            if fds[0].revents != 0 {
-                return; // StoreServer was dropped.
-            }
-            if fds[1].revents != 0 {
-                self.accept();
-            }
-            for (id, fd) in ids.iter().zip(&fds[2..]) {
-                if fd.revents != 0 {
-                    if let Err(close) = self.service(*id, fd.revents) {
-                        self.close(*id, close);
+            };
+            for event in ready {
+                match event.token {
+                    WAKE_TOKEN => return, // StoreServer was dropped.
+                    LISTENER_TOKEN => self.accept(),
+                    id => {
+                        if let Err(close) = self.service(id, event) {
+                            self.close(id, close);
+                        }
                     }
                 }
             }
+            self.resume_accepting();
             self.drop_silent();
             self.publish_stats();
         }
     }
 
-    /// Whether to poll the listener: not while backing off from a failed accept.
-    fn accept_events(&mut self) -> libc::c_short {
-        match self.accept_paused_until {
-            Some(until) if Instant::now() < until => 0,
-            _ => {
-                self.accept_paused_until = None;
-                libc::POLLIN
-            }
+    /// Polls the listener again once a back-off from a failed accept is over.
+    fn resume_accepting(&mut self) {
+        if self
+            .accept_paused_until
+            .is_some_and(|until| Instant::now() >= until)
+        {
+            self.accept_paused_until = None;
+            let fd = self.listener.as_raw_fd();
+            let _ = self.poll.modify(fd, LISTENER_TOKEN, epoll::READ);
         }
     }
 
-    /// Milliseconds until the next deadline (a silent connection, the end of a back-off).
-    fn poll_timeout(&self) -> libc::c_int {
+    /// How long to wait: until the next deadline (a connection's hello, the end of a
+    /// back-off), or for ever.
+    fn poll_timeout(&self) -> Option<Duration> {
         let next = self
-            .connections
-            .values()
-            .filter_map(|c| c.hello_deadline)
+            .hello_deadlines
+            .front()
+            .map(|&(at, _)| at)
+            .into_iter()
             .chain(self.accept_paused_until)
-            .min();
-        match next {
-            None => -1,
-            Some(at) => at
-                .saturating_duration_since(Instant::now())
-                .as_millis()
-                .clamp(1, 60_000) as libc::c_int,
-        }
+            .min()?;
+        Some(next.saturating_duration_since(Instant::now()))
     }
 
     fn accept(&mut self) {
@@ -407,15 +457,7 @@ impl Server {
                 Ok(accepted) => accepted,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    // EMFILE/ENFILE (out of file descriptors) leaves the connection queued, so
-                    // an immediate retry fails again: stop polling the listener for a while.
-                    self.accept_backoff = (self.accept_backoff * 2)
-                        .max(Duration::from_millis(1))
-                        .min(MAX_ACCEPT_BACKOFF);
-                    self.accept_paused_until = Some(Instant::now() + self.accept_backoff);
-                    return;
-                }
+                Err(_) => return self.pause_accepting(),
             };
             self.accept_backoff = Duration::ZERO;
             if self.connections.len() >= self.limits.max_connections {
@@ -429,31 +471,64 @@ impl Server {
                 continue;
             }
             let _ = stream.set_nodelay(true);
+            let _ = self.limits.heartbeat.apply(&stream);
             let id = self.next_id;
+            if self.poll.add(stream.as_raw_fd(), id, epoll::READ).is_err() {
+                continue;
+            }
             self.next_id += 1;
-            self.connections.insert(
-                id,
-                Connection {
-                    stream,
-                    peer,
-                    input: Vec::new(),
-                    output: Vec::new(),
-                    hello_deadline: Some(Instant::now() + self.limits.hello_timeout),
-                },
-            );
+            let deadline = Instant::now() + self.limits.hello_timeout;
+            self.hello_deadlines.push_back((deadline, id));
+            self.shared.stats.lock().unwrap().peers.insert(id, peer);
+            let conn = Connection {
+                stream,
+                peer,
+                input: Vec::new(),
+                output: Vec::new(),
+                validated: false,
+                watching: epoll::READ,
+                claimed: None,
+            };
+            self.connections.insert(id, conn);
         }
     }
 
-    /// Reads, answers and writes what one connection's poll result allows.
-    fn service(&mut self, id: ConnId, revents: libc::c_short) -> std::result::Result<(), Close> {
-        if revents & libc::POLLIN != 0 || revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+    /// EMFILE/ENFILE (out of file descriptors) leaves the connection queued, so an immediate
+    /// retry fails again: stop watching the listener for a while.
+    fn pause_accepting(&mut self) {
+        self.accept_backoff = (self.accept_backoff * 2)
+            .max(Duration::from_millis(1))
+            .min(MAX_ACCEPT_BACKOFF);
+        self.accept_paused_until = Some(Instant::now() + self.accept_backoff);
+        let _ = self
+            .poll
+            .modify(self.listener.as_raw_fd(), LISTENER_TOKEN, 0);
+    }
+
+    /// Reads, answers and writes what one connection's readiness allows.
+    fn service(&mut self, id: ConnId, event: epoll::Ready) -> std::result::Result<(), Close> {
+        if !self.connections.contains_key(&id) {
+            return Ok(()); // Closed earlier in this batch.
+        }
+        if event.readable() {
             self.receive(id)?;
-            self.answer_all(id)?;
+        }
+        // Requests held back while answers were backed up are answered as these drain.
+        while self.answer_all(id)? {
+            self.flush(id)?;
+            let backed_up = self
+                .connections
+                .get(&id)
+                .is_none_or(|c| c.output.len() >= OUTPUT_BACKLOG);
+            if backed_up {
+                return Ok(());
+            }
         }
         self.flush(id)
     }
 
-    /// Appends what has arrived to the connection's input.
+    /// Appends what has arrived to the connection's input (one read: epoll reports the
+    /// connection again while more is there).
     fn receive(&mut self, id: ConnId) -> std::result::Result<(), Close> {
         let conn = self.connections.get_mut(&id).ok_or(Close::Gone)?;
         let mut chunk = [0u8; 64 << 10];
@@ -464,28 +539,29 @@ impl Server {
                 Ok(())
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => Ok(()),
-            Err(_) => Err(Close::Gone),
+            Err(e) => Err(gone(&e)),
         }
     }
 
-    /// Decodes and answers every whole request in the connection's input.
-    fn answer_all(&mut self, id: ConnId) -> std::result::Result<(), Close> {
+    /// Decodes and answers every whole request in the connection's input: true when it
+    /// stopped with requests left because the connection's answers are backed up.
+    fn answer_all(&mut self, id: ConnId) -> std::result::Result<bool, Close> {
         let mut used = 0;
         let result = loop {
             let conn = self.connections.get_mut(&id).ok_or(Close::Gone)?;
-            if conn.output.len() >= OUTPUT_BACKLOG {
-                break Ok(());
-            }
             let input = &conn.input[used..];
+            if conn.output.len() >= OUTPUT_BACKLOG {
+                break Ok(!input.is_empty());
+            }
             // Before it validates, a connection may send nothing else: no partial request of
             // some other kind is ever buffered for it.
-            if conn.hello_deadline.is_some() && input.first().is_some_and(|&c| c != 0) {
+            if !conn.validated && input.first().is_some_and(|&c| c != 0) {
                 break Err(Close::Refused(
                     "it did not start with TCPStore's VALIDATE (is it a TCPStore client?)".into(),
                 ));
             }
             match wire::decode(input, self.limits.max_value_bytes) {
-                Ok(None) => break Ok(()),
+                Ok(None) => break Ok(false),
                 Ok(Some((command, len))) => {
                     used += len;
                     if let Err(close) = self.execute(id, command) {
@@ -501,7 +577,7 @@ impl Server {
         result
     }
 
-    /// Sends what it can of the connection's answers.
+    /// Sends what it can of the connection's answers, and watches it for what it now needs.
     fn flush(&mut self, id: ConnId) -> std::result::Result<(), Close> {
         let Some(conn) = self.connections.get_mut(&id) else {
             return Ok(());
@@ -514,8 +590,15 @@ impl Server {
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => return Err(Close::Gone),
+                Err(e) => return Err(gone(&e)),
             }
+        }
+        let wanted = conn.wanted();
+        if wanted != conn.watching {
+            self.poll
+                .modify(conn.stream.as_raw_fd(), id, wanted)
+                .map_err(|_| Close::Gone)?;
+            conn.watching = wanted;
         }
         Ok(())
     }
@@ -531,6 +614,13 @@ impl Server {
     fn execute(&mut self, id: ConnId, command: Command) -> std::result::Result<(), Close> {
         if let Command::Validate { magic } = command {
             return self.validate(id, magic);
+        }
+        if let Command::CompareSet { key, .. } = &command {
+            if let (Some(rank), Some(conn)) =
+                (membership::claimed_rank(key), self.connections.get_mut(&id))
+            {
+                conn.claimed = Some(rank);
+            }
         }
         let answered = self.table.execute(id, command);
         self.answer_woken();
@@ -549,7 +639,7 @@ impl Server {
             )));
         }
         if let Some(conn) = self.connections.get_mut(&id) {
-            conn.hello_deadline = None;
+            conn.validated = true;
         }
         Ok(())
     }
@@ -559,6 +649,8 @@ impl Server {
         for id in self.table.take_woken() {
             if let Some(conn) = self.connections.get_mut(&id) {
                 Answer::StopWaiting.encode_into(&mut conn.output);
+                // A failed one is closed when epoll reports it (this may be inside its own
+                // service).
                 let _ = self.flush(id);
             }
         }
@@ -566,20 +658,28 @@ impl Server {
 
     fn close(&mut self, id: ConnId, why: Close) {
         self.table.forget(id);
-        if let Some(conn) = self.connections.remove(&id) {
-            match why {
-                Close::Refused(reason) => {
-                    let peer = conn.peer;
-                    self.say(format_args!("closed the connection from {peer}: {reason}"));
-                }
-                // A rank's connection closed by the other end: news if the rank did not say it
-                // was leaving (see `membership.rs`).
-                Close::Gone => {
-                    if let Some((abort, why)) = membership::vanished(self.table.values(), conn.peer)
-                    {
-                        let _ = self.table.set(abort, why);
-                        self.answer_woken();
-                    }
+        let Some(conn) = self.connections.remove(&id) else {
+            return;
+        };
+        {
+            let mut stats = self.shared.stats.lock().unwrap();
+            stats.peers.remove(&id);
+            self.shared.changed.notify_all();
+        }
+        match why {
+            Close::Refused(reason) => {
+                let peer = conn.peer;
+                self.say(format_args!("closed the connection from {peer}: {reason}"));
+            }
+            // A rank's connection closed by the other end, or silent: news if the rank did not
+            // say it was leaving (see `membership.rs`).
+            Close::Gone | Close::Silent => {
+                let Some(rank) = conn.claimed else { return };
+                let silent = matches!(why, Close::Silent).then(|| self.limits.heartbeat.silence());
+                let values = self.table.values();
+                if let Some((abort, why)) = membership::vanished(values, rank, conn.peer, silent) {
+                    let _ = self.table.set(abort, why);
+                    self.answer_woken();
                 }
             }
         }
@@ -588,27 +688,21 @@ impl Server {
     /// Drops connections that did not validate in time.
     fn drop_silent(&mut self) {
         let now = Instant::now();
-        let silent: Vec<ConnId> = self
-            .connections
-            .iter()
-            .filter(|(_, c)| c.hello_deadline.is_some_and(|d| d <= now))
-            .map(|(&id, _)| id)
-            .collect();
-        for id in silent {
-            self.close(id, Close::Gone);
+        while let Some(&(at, id)) = self.hello_deadlines.front() {
+            if at > now {
+                break;
+            }
+            self.hello_deadlines.pop_front();
+            if self.connections.get(&id).is_some_and(|c| !c.validated) {
+                self.close(id, Close::Gone);
+            }
         }
     }
 
     fn publish_stats(&self) {
         let mut stats = self.shared.stats.lock().unwrap();
-        let before = stats.open_connections;
-        stats.open_connections = self.connections.len();
-        stats.peers = self.connections.values().map(|c| c.peer).collect();
         stats.stored_bytes = self.table.stored_bytes();
         stats.awaited_keys = self.table.awaited_keys();
-        if stats.open_connections < before {
-            self.shared.changed.notify_all();
-        }
     }
 
     /// One line on stderr about a refused request, within the rate limit.
@@ -628,14 +722,14 @@ impl Server {
     }
 }
 
-fn refusal(malformed: &Malformed) -> String {
-    format!("malformed request ({malformed})")
+/// Why a connection whose socket failed with `e` is closed: silent if the kernel gave up on it.
+fn gone(e: &std::io::Error) -> Close {
+    match went_silent(e) {
+        true => Close::Silent,
+        false => Close::Gone,
+    }
 }
 
-fn poll_fd(fd: std::os::fd::RawFd, events: libc::c_short) -> libc::pollfd {
-    libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    }
+fn refusal(malformed: &Malformed) -> String {
+    format!("malformed request ({malformed})")
 }

@@ -15,6 +15,7 @@ use super::membership::{self, Membership};
 use super::watcher::Watcher;
 use crate::deadline::Deadline;
 use crate::error::{rank_list, CommError, Result};
+use crate::heartbeat::Heartbeat;
 
 /// A rank's connection to the rendezvous store.
 pub struct Store {
@@ -55,7 +56,7 @@ impl Store {
             run_id,
             namespace: "",
         };
-        Self::join(host, port, &who, timeout)
+        Self::join(host, port, &who, timeout, Heartbeat::default())
     }
 
     /// Connects to the store at `host:port`, retrying until `timeout` (rank 0 may not be up yet,
@@ -67,10 +68,25 @@ impl Store {
     /// ([`CommError::DuplicateRank`]), a world size other than the job's
     /// ([`CommError::WorldSizeMismatch`]), and a job another rank already ended
     /// ([`CommError::JobAborted`]). The last three end the job for every rank.
-    pub fn join(host: &str, port: u16, who: &Membership<'_>, timeout: Duration) -> Result<Store> {
+    ///
+    /// Both connections are probed as `beat` says: a store unheard for its bound is lost
+    /// ([`CommError::StoreSilent`]), whatever this rank is doing.
+    pub fn join(
+        host: &str,
+        port: u16,
+        who: &Membership<'_>,
+        timeout: Duration,
+        beat: Heartbeat,
+    ) -> Result<Store> {
         let endpoint = format!("{host}:{port}");
         let deadline = Deadline::after(timeout);
-        let client = Client::connect(&endpoint, who.rank, who.namespace, timeout, deadline)?;
+        let client = Client::connect(
+            &endpoint,
+            who.rank,
+            who.namespace,
+            (timeout, deadline),
+            beat,
+        )?;
         let mut store = Store {
             client,
             world_size: who.world_size,
@@ -80,7 +96,7 @@ impl Store {
         };
         // The watcher's connection is opened now and confirmed after joining, so that its
         // round trip overlaps the joining ones.
-        let watcher = Conn::start(&endpoint, Duration::from_secs(5));
+        let watcher = Conn::start(&endpoint, Duration::from_secs(5), beat);
         membership::join(&store.client, who)?;
         store.member = true;
         let lost = |source| CommError::StoreLost {
@@ -91,7 +107,7 @@ impl Store {
         };
         let watcher = match watcher.and_then(Conn::confirm) {
             Ok(conn) => conn,
-            Err(_) => connect_until(&endpoint, deadline).map_err(lost)?,
+            Err(_) => connect_until(&endpoint, deadline, beat).map_err(lost)?,
         };
         store.watcher = Some(Watcher::start(&store.client, watcher).map_err(lost)?);
         Ok(store)

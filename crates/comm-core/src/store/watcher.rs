@@ -14,6 +14,7 @@ use super::connection::Conn;
 use super::membership;
 use super::wire::{self, Answer, Command, Shape};
 use crate::error::CommError;
+use crate::heartbeat::went_silent;
 
 type EndHook = Box<dyn FnOnce(CommError) + Send>;
 
@@ -46,6 +47,7 @@ impl Watcher {
         });
         let shared = watch.clone();
         let (rank, endpoint) = (client.rank(), client.endpoint().to_string());
+        let silence = client.heartbeat().silence();
         let ender = client.ender()?;
         let stream = conn.stream.try_clone()?;
         let thread = std::thread::Builder::new()
@@ -54,6 +56,7 @@ impl Watcher {
                 let ended = match watch_for_abort(&mut conn, &abort_key) {
                     Ok(value) => Ended::Aborted(value),
                     Err(_) if shared.stopping.load(Ordering::SeqCst) => return,
+                    Err(e) if went_silent(&e) => Ended::Silent(silence),
                     Err(e) => Ended::Lost(
                         e.kind(),
                         format!(
@@ -103,6 +106,8 @@ enum Ended {
     Aborted(Vec<u8>),
     /// The watcher's connection broke: the store is gone.
     Lost(ErrorKind, String),
+    /// Nothing came from the store, not even an answer to the heartbeat, for this long.
+    Silent(Duration),
 }
 
 impl Ended {
@@ -110,6 +115,12 @@ impl Ended {
     fn error(&self, rank: usize, endpoint: &str, key: &str) -> CommError {
         match self {
             Ended::Aborted(value) => membership::reason(rank, value),
+            Ended::Silent(silence) => CommError::StoreSilent {
+                rank,
+                endpoint: endpoint.to_string(),
+                silence: *silence,
+                phase: crate::phase::now(),
+            },
             Ended::Lost(kind, text) => CommError::StoreLost {
                 rank,
                 endpoint: endpoint.to_string(),

@@ -4,6 +4,7 @@
 
 use super::tcp::TcpTransport;
 use super::transport::Transport;
+use crate::heartbeat::Heartbeat;
 use crate::named::Named;
 
 /// What the user asked for with `--transport`: how CPU ranks move bytes.
@@ -82,6 +83,8 @@ pub struct Wiring {
     /// on a host that forbids one process to open another's memory files.
     #[doc(hidden)]
     pub refuse_registered: bool,
+    /// How each link is probed (`--heartbeat`): a peer silent for its bound is an error.
+    pub heartbeat: Heartbeat,
 }
 
 impl From<TransportChoice> for Wiring {
@@ -92,6 +95,7 @@ impl From<TransportChoice> for Wiring {
             copy: CopyChoice::Auto,
             refuse_cross_memory: false,
             refuse_registered: false,
+            heartbeat: Heartbeat::default(),
         }
     }
 }
@@ -106,7 +110,9 @@ pub struct Connected {
 }
 
 impl Connected {
+    /// TCP for every pair: its links open with nothing else to agree on.
     pub(super) fn alone(tcp: TcpTransport, why: &str) -> Connected {
+        tcp.seal(None);
         Connected {
             transport: Box::new(tcp),
             why: why.into(),

@@ -29,12 +29,13 @@ use crate::error::{CommError, Result};
 use crate::named::Named;
 use crate::store::Scoped;
 
-/// Connects this rank to every peer through the store in `scope` (TCP links listening on
-/// `ip`, see [`TcpTransport::connect_on`]), then, as `wiring`'s transport says, moves the pairs
-/// of one host to shared memory ([`shm`]): `Auto` wherever it can be set up, `Shm` for every
-/// pair or an error, `Tcp` nowhere (no shared memory is set up at all); and there, as its
-/// `copy` says, large messages go by one copy or two. `timeout` (the job's `--timeout`) bounds
-/// connecting and then every collective call.
+/// Connects this rank to its peers through the store in `scope` (TCP links listening on `ip`,
+/// each opened when its pair first talks, see [`TcpTransport::connect_on`]), and, as `wiring`'s
+/// transport says, moves the pairs of one host to shared memory ([`shm`]): `Auto` wherever it
+/// can be set up, `Shm` for every pair or an error, `Tcp` nowhere (no shared memory is set up at
+/// all); and there, as its `copy` says, large messages go by one copy or two. `timeout` (the
+/// job's `--timeout`) bounds connecting and then every collective call, opening the links it
+/// needs included; every link is probed as `wiring.heartbeat` says.
 pub fn connect(
     scope: &Scoped,
     rank: usize,
@@ -46,7 +47,15 @@ pub fn connect(
 ) -> Result<Connected> {
     let wiring = wiring.into();
     let choice = wiring.transport;
-    let tcp = TcpTransport::connect_on(scope, rank, world_size, run_id, ip, timeout)?;
+    let params = tcp::LinkParams {
+        rank,
+        world_size,
+        run_id,
+        ip,
+        timeout,
+        beat: wiring.heartbeat,
+    };
+    let tcp = TcpTransport::connect_with(scope, &params)?;
     if world_size == 1 {
         return Ok(Connected::alone(tcp, "one rank: nothing to move"));
     }

@@ -3,11 +3,12 @@
 //! sender's buffer (cross-memory attach), the wait for a slot or a reader between, and TCP for
 //! the ranks of other hosts.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::cma;
+use super::pair::Pair;
+use super::pairing::Arming;
 use super::ring::{Doorbell, Ring};
-use super::segment::Segment;
 use super::waiting::{Pacing, Waiter};
 use super::window::Window;
 use crate::backend::cpu::context::Context;
@@ -28,8 +29,11 @@ pub struct ShmTcpTransport {
     tcp: TcpTransport,
     /// The rank, the call's deadline and the first failure, shared with `tcp`.
     ctx: Arc<Context>,
-    /// Per peer: the rings shared with it, or `None` where bytes go over TCP.
-    pairs: Vec<Option<Pair>>,
+    /// Per peer: the rings shared with it once the pair has talked (`pairing.rs`), and the
+    /// mappings they point into; none where bytes go over TCP.
+    arming: Arc<Arming>,
+    /// Peers of this host, which share memory with it as they talk.
+    host_peers: usize,
     /// This rank's doorbell, rung by peers that fill or free a slot it may wait for.
     doorbell: Doorbell,
     /// Messages of this many bytes or more go by one copy (cross-memory attach); `None`: all
@@ -39,38 +43,6 @@ pub struct ShmTcpTransport {
     window: Option<Window>,
     /// How long a waiting rank spins and yields before it sleeps.
     pacing: Pacing,
-    /// The mappings the rings point into; declared after `pairs` and `doorbell`, so dropped
-    /// after them.
-    _segments: Vec<Segment>,
-}
-
-/// The two rings between this rank and one peer of its host.
-pub(super) struct Pair {
-    /// Ours to write, in the peer's inbox.
-    outgoing: Mutex<Ring>,
-    /// Ours to read, in our inbox.
-    incoming: Mutex<Ring>,
-    /// The peer's doorbell: rung after writing to it or freeing a slot it writes.
-    bell: Doorbell,
-    /// The peer's process, whose memory the one-copy path reads.
-    pid: libc::pid_t,
-    /// Where pieces read from the peer's buffer for a sink wait for it (one-copy path).
-    staging: Mutex<Vec<u64>>,
-}
-
-impl Pair {
-    /// The pair that writes into `outgoing` (in the peer's inbox), reads from `incoming` (in
-    /// ours), rings `bell` (the peer's) and reads by one copy from process `pid` (0 where the
-    /// job sends no message by one copy).
-    pub(super) fn new(outgoing: Ring, incoming: Ring, bell: Doorbell, pid: libc::pid_t) -> Pair {
-        Pair {
-            outgoing: Mutex::new(outgoing),
-            incoming: Mutex::new(incoming),
-            bell,
-            pid,
-            staging: Mutex::new(Vec::new()),
-        }
-    }
 }
 
 /// Where a received message goes.
@@ -96,25 +68,25 @@ impl Dest<'_> {
 }
 
 impl ShmTcpTransport {
-    /// The transport over `tcp` (connected to every peer) whose pairs on this host are `pairs`
-    /// (by peer; `None` where bytes go over TCP), woken by `doorbell`; messages from
-    /// `single_from` bytes go by one copy. `segments` hold the mappings the rings point into.
+    /// The transport over `tcp` (sealed with `arming`, which each link's opening runs) whose
+    /// `host_peers` peers of this host get rings as each pair first talks, woken by `doorbell`;
+    /// messages from `single_from` bytes go by one copy.
     pub(super) fn new(
         tcp: TcpTransport,
-        pairs: Vec<Option<Pair>>,
+        arming: Arc<Arming>,
+        host_peers: usize,
         doorbell: Doorbell,
         single_from: Option<usize>,
-        segments: Vec<Segment>,
     ) -> ShmTcpTransport {
         ShmTcpTransport {
             ctx: tcp.context(),
             tcp,
-            pairs,
+            arming,
+            host_peers,
             doorbell,
             single_from,
             window: None,
             pacing: Pacing::for_host(1, 1),
-            _segments: segments,
         }
     }
 
@@ -125,9 +97,17 @@ impl ShmTcpTransport {
         self
     }
 
-    /// Ranks this rank reaches through shared memory.
+    /// Ranks this rank reaches through shared memory, as they talk: its host's.
     pub fn shared_peers(&self) -> usize {
-        self.pairs.iter().flatten().count()
+        self.host_peers
+    }
+
+    /// The rings shared with `peer`, once the pair's link is open (opened now if the pair has
+    /// not talked yet, by the call's deadline) and its rings armed; `None` where bytes to it go
+    /// over TCP.
+    fn pair(&self, peer: usize) -> Result<Option<&Pair>> {
+        self.tcp.link_to(peer, self.ctx.deadline())?;
+        Ok(self.arming.pair(peer))
     }
 
     /// Waits until `ready()` holds, checked after every ring of this rank's doorbell, as
@@ -191,11 +171,11 @@ impl ShmTcpTransport {
     ) -> Result<()> {
         let _call = CallScope::new(self);
         send_while_receiving(
-            || match self.pairs[to] {
+            || match self.pair(to)? {
                 Some(_) => self.send(to, data),
                 None => send_pieces(&self.tcp, to, data),
             },
-            || match &self.pairs[from] {
+            || match self.pair(from)? {
                 Some(pair) => self.recv_from(pair, from, len, Dest::Sink(sink)),
                 None => recv_pieces(&self.tcp, from, len, sink),
             },
@@ -396,7 +376,7 @@ impl Transport for ShmTcpTransport {
     }
 
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
-        let Some(pair) = &self.pairs[peer] else {
+        let Some(pair) = self.pair(peer)? else {
             return self.tcp.send(peer, data);
         };
         let deadline = self.ctx.deadline();
@@ -419,7 +399,7 @@ impl Transport for ShmTcpTransport {
     }
 
     fn recv(&self, peer: usize, out: &mut [u8]) -> Result<()> {
-        let Some(pair) = &self.pairs[peer] else {
+        let Some(pair) = self.pair(peer)? else {
             return self.tcp.recv(peer, out);
         };
         let len = out.len();
@@ -432,7 +412,7 @@ impl Transport for ShmTcpTransport {
     }
 
     fn send_recv(&self, to: usize, data: &[u8], from: usize, out: &mut [u8]) -> Result<()> {
-        let (Some(out_pair), Some(in_pair)) = (&self.pairs[to], &self.pairs[from]) else {
+        let (Some(out_pair), Some(in_pair)) = (self.pair(to)?, self.pair(from)?) else {
             // A TCP peer on one side: a whole message each way, as a step on either kind of
             // link takes on every rank, the sending on a second thread.
             let _call = CallScope::new(self);
@@ -456,7 +436,7 @@ impl Transport for ShmTcpTransport {
         len: usize,
         sink: Sink<'_>,
     ) -> Result<()> {
-        let (Some(out_pair), Some(in_pair)) = (&self.pairs[to], &self.pairs[from]) else {
+        let (Some(out_pair), Some(in_pair)) = (self.pair(to)?, self.pair(from)?) else {
             return self.mixed_send_recv_with(to, data, from, len, sink);
         };
         self.exchange((to, out_pair), data, (from, in_pair), len, Dest::Sink(sink))

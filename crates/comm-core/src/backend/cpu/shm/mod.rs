@@ -4,12 +4,13 @@
 //! two memory copies and no system call, where TCP's loopback takes two copies plus the kernel's
 //! work for every packet. Ranks on other hosts keep their TCP links.
 //!
-//! Setting up, over the store (after the TCP links, which stay as the way a dead or failed peer
-//! is noticed): every rank names its host; the ranks of a host each create an *inbox* segment
-//! ([`ring`]) with one ring per peer of the host, publish its name and a random token, map every
-//! peer's inbox and check its stamp, and publish which ones they mapped. A pair uses shared
-//! memory when both sides mapped each other's; then each rank removes its segment's name
-//! ([`segment`]), so nothing is left in /dev/shm however the job ends.
+//! Setting up: over the store, every rank names its host and makes its *inbox* ([`ring`]), a
+//! segment sparse and nameless ([`segment`]), so nothing is left in /dev/shm however the job
+//! ends; whether every pair of a host may read each other's memory is agreed by the whole job.
+//! Nothing more happens per peer until a pair first talks: then, over the TCP link that opens
+//! (and stays as the way a dead or failed peer is noticed), each side reserves the ring the
+//! other writes, maps the other's inbox and checks its stamp (`pairing.rs`). A pair uses shared
+//! memory when both sides could; a rank's memory grows with the peers it talks to.
 //!
 //! Large messages go by one copy instead ([`cma`], `--copy`): the sender posts its buffer's
 //! address and length through the ring, the receiver reads the buffer itself with
@@ -17,9 +18,10 @@
 //! every pair of every host can read each other's memory is tested while connecting and agreed
 //! by the whole job; where one cannot, all take the rings.
 //!
-//! Two rooms: `wiring.rs` sets the pairs up over the store (with `inboxes.rs` mapping the
-//! segments and `cma.rs` checking who may read whose memory), and `data_path.rs` moves a
-//! message through them once they are wired (with `ring.rs`'s slots and doorbells).
+//! The rooms: `wiring.rs` sets up what the host shares over the store (with `inboxes.rs`
+//! making the inboxes and `cma.rs` checking who may read whose memory), `pairing.rs` arms a
+//! `pair.rs` as it first talks, and `data_path.rs` moves a message through it (with `ring.rs`'s
+//! slots and doorbells).
 //!
 //! Waiting: a rank spins briefly, yields, then sleeps on its doorbell; while it sleeps it wakes
 //! every few milliseconds to check the deadline and whether the peer's TCP link has closed (the
@@ -30,6 +32,8 @@ mod board;
 mod cma;
 mod data_path;
 mod inboxes;
+mod pair;
+mod pairing;
 mod pool;
 mod ring;
 mod segment;

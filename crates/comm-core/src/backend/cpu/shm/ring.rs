@@ -73,6 +73,17 @@ impl Geometry {
         PAGE + self.slots * self.slot_bytes
     }
 
+    /// The inbox's header: what its owner writes and every peer reads before any ring is used.
+    pub(crate) fn header_bytes(&self) -> usize {
+        PAGE
+    }
+
+    /// Where ring `index` lies in the inbox, its control page and slots.
+    pub(crate) fn ring_span(&self, index: usize) -> std::ops::Range<usize> {
+        let start = PAGE + index * self.ring_bytes();
+        start..start + self.ring_bytes()
+    }
+
     /// The whole inbox's size.
     pub(crate) fn bytes(&self) -> usize {
         PAGE + self.rings * self.ring_bytes()
@@ -138,6 +149,11 @@ impl Inbox {
         ];
         (magic == MAGIC && stamped == token && words == expected)
             .then_some(Inbox { base, geometry })
+    }
+
+    /// How it is cut.
+    pub(crate) fn geometry(&self) -> Geometry {
+        self.geometry
     }
 
     /// The doorbell of the rank that owns this inbox.

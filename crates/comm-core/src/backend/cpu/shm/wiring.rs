@@ -1,13 +1,16 @@
-//! Wiring shared memory between the ranks of a host, over the store, after the TCP links (which
-//! stay as the way a dead or failed peer is noticed): which ranks share the host, their inboxes
-//! mapped (`inboxes.rs`), whether every pair may read each other's memory (`cma.rs`), agreed by
-//! the whole job, and each pair's rings handed to the data path (`data_path.rs`).
+//! Wiring shared memory between the ranks of a host, over the store: which ranks share the
+//! host, their inboxes made (`inboxes.rs`), whether every pair may read each other's memory
+//! (`cma.rs`), agreed by the whole job, and each pair's rings handed to the data path
+//! (`data_path.rs`), to be armed when the pair first talks (`pairing.rs`), over the TCP link
+//! that opens then and stays as the way a dead or failed peer is noticed.
+
+use std::sync::Arc;
 
 use super::cma;
-use super::data_path::{Pair, ShmTcpTransport};
-use super::inboxes::{host_ranks, share_memory, summary, unmapped_peers, Shared};
+use super::data_path::ShmTcpTransport;
+use super::inboxes::{host_ranks, own_inbox, summary};
+use super::pairing::Arming;
 use super::pool;
-use super::ring::Inbox;
 use super::segment;
 use super::waiting::{self, Pacing};
 use super::window::Window;
@@ -42,9 +45,10 @@ impl Copying {
     }
 }
 
-/// Moves the pairs of this host that can share memory off `tcp` (connected to every peer), as
-/// `choice` says: `Auto` wherever it can be set up, `Shm` for every pair or an error. Where no
-/// pair can, `tcp` goes on alone, with the reason.
+/// Moves the pairs of this host that can share memory off `tcp`, as `choice` says: `Auto`
+/// wherever it can be set up, `Shm` for every pair or an error. Each pair's rings are armed
+/// when it first talks (`pairing.rs`); here the ranks learn who shares the host, make their
+/// inboxes and agree on copies. Where no pair can, `tcp` goes on alone, with the reason.
 pub(crate) fn connect(tcp: TcpTransport, scope: &Scoped, wiring: Wiring) -> Result<Connected> {
     let choice = wiring.transport;
     let (rank, world_size) = (tcp.rank(), tcp.world_size());
@@ -70,38 +74,44 @@ pub(crate) fn connect(tcp: TcpTransport, scope: &Scoped, wiring: Wiring) -> Resu
         agree_on_copy(&scope, rank, world_size, wiring.copy, Ok(Vec::new()))?;
         return Ok(Connected::alone(tcp, "no other rank on this host"));
     }
-    let shared = share_memory(&scope, rank, &peers)?;
-    unmapped_peers(rank, &peers, &shared, choice)?;
-    let Shared {
-        inbox,
-        mapped,
-        segments,
-        ..
-    } = shared;
-    let Some(own) = inbox else {
-        agree_on_copy(&scope, rank, world_size, wiring.copy, Ok(Vec::new()))?;
-        return Ok(Connected::alone(tcp, "shared memory could not be set up"));
+    let own = own_inbox(rank, peers.len());
+    let readable = match (&own, wiring.copy) {
+        (Err(_), _) | (_, CopyChoice::Ring | CopyChoice::Registered) => Ok(Vec::new()),
+        _ => readable_peers(&scope, rank, &peers, wiring.refuse_cross_memory)?,
     };
-    let readable = match wiring.copy {
-        CopyChoice::Ring | CopyChoice::Registered => Ok(Vec::new()),
-        _ => {
-            let peers: Vec<usize> = mapped.iter().map(|(peer, _)| *peer).collect();
-            readable_peers(&scope, rank, &peers, wiring.refuse_cross_memory)?
+    let copying = agree_on_copy(&scope, rank, world_size, wiring.copy, readable)?;
+    let own = match own {
+        Ok(own) => Some(own),
+        Err(why) if choice == TransportChoice::Shm => {
+            return Err(CommError::Backend(format!(
+                "--transport shm: rank {rank} cannot share memory: {why} (--transport tcp or \
+                 auto runs without it)"
+            )))
+        }
+        Err(why) => {
+            eprintln!("warning: rank {rank} cannot share memory with its host's ranks: {why}");
+            None
         }
     };
-    let Copying {
-        pids,
-        single_from,
-        note,
-    } = agree_on_copy(&scope, rank, world_size, wiring.copy, readable)?;
-    let pairs = pairs(rank, world_size, &host, &own, &mapped, &pids);
-    let mut why = summary(rank, world_size, mapped.len(), host.len());
-    if !mapped.is_empty() {
+    let doorbell = own.as_ref().map(|own| own.inbox.doorbell());
+    let mut why = summary(
+        rank,
+        world_size,
+        own.as_ref().map_or(0, |_| peers.len()),
+        host.len(),
+    );
+    if own.is_some() {
         why.push_str(&registered);
-        why.push_str(&note);
+        why.push_str(&copying.note);
     }
-    let doorbell = own.doorbell();
-    let transport = ShmTcpTransport::new(tcp, pairs, doorbell, single_from, segments)
+    let pids = copying.pids;
+    let arming = Arc::new(Arming::new((rank, world_size), host, own, pids, choice));
+    // Every pair says its part as it first talks, even where this rank has no inbox to offer.
+    tcp.seal(Some(arming.clone()));
+    let Some(doorbell) = doorbell else {
+        return Ok(Connected::alone(tcp, &why));
+    };
+    let transport = ShmTcpTransport::new(tcp, arming, peers.len(), doorbell, copying.single_from)
         .with_window(window, pacing);
     Ok(Connected {
         transport: Box::new(transport),
@@ -164,42 +174,6 @@ fn ranks_elsewhere(rank: usize, world_size: usize, host: &[usize]) -> CommError 
         crate::error::rank_list(host.iter().copied()),
         crate::error::rank_list(others)
     ))
-}
-
-/// This rank's pair with every peer whose inbox it mapped (`None` for the others): its ring in
-/// the peer's inbox, the peer's ring in its own, the peer's doorbell and pid (0 where the job
-/// sends no message by single copy).
-fn pairs(
-    rank: usize,
-    world_size: usize,
-    host: &[usize],
-    own: &Inbox,
-    mapped: &[(usize, Inbox)],
-    pids: &[(usize, i32)],
-) -> Vec<Option<Pair>> {
-    let mut pairs: Vec<Option<Pair>> = (0..world_size).map(|_| None).collect();
-    for (peer, theirs) in mapped {
-        let pid = pids
-            .iter()
-            .find(|(p, _)| p == peer)
-            .map_or(0, |(_, pid)| *pid);
-        pairs[*peer] = Some(Pair::new(
-            theirs.ring(ring_index(host, rank, *peer)),
-            own.ring(ring_index(host, *peer, rank)),
-            theirs.doorbell(),
-            pid,
-        ));
-    }
-    pairs
-}
-
-/// Where ring of `sender` sits in `receiver`'s inbox: the sender's place among the receiver's
-/// peers of the host (`host` sorted, both in it).
-fn ring_index(host: &[usize], sender: usize, receiver: usize) -> usize {
-    host.iter()
-        .filter(|&&r| r != receiver)
-        .position(|&r| r == sender)
-        .expect("both ranks are on the host")
 }
 
 /// Checks that this rank can read the memory of each of `peers` (their published probes), as
@@ -283,17 +257,10 @@ fn agree_on_copy(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::backend::cpu::transport::piece_count;
 
     #[test]
-    fn each_sender_has_its_own_ring_in_each_inbox() {
-        let host = [0, 2, 5];
-        // Rank 0's inbox holds rings for 2 and 5; rank 5's for 0 and 2.
-        assert_eq!(ring_index(&host, 2, 0), 0);
-        assert_eq!(ring_index(&host, 5, 0), 1);
-        assert_eq!(ring_index(&host, 0, 5), 0);
-        assert_eq!(ring_index(&host, 2, 5), 1);
+    fn an_empty_message_still_takes_a_piece() {
         assert_eq!(piece_count(0, 64), 1);
         assert_eq!(piece_count(129, 64), 3);
     }
