@@ -357,7 +357,8 @@ impl HostWindow<'_> {
                 .filter(|&r| self.window.boards[r].progress().load(Ordering::Relaxed) <= passed)
                 .collect();
             let what = format!(
-                "{} at a barrier of rank {}'s call on registered buffers",
+                "{} {} at a barrier of rank {}'s call on registered buffers",
+                if missing.len() == 1 { "rank" } else { "ranks" },
                 crate::error::rank_list(missing.iter().copied()),
                 self.rank()
             );
