@@ -344,14 +344,6 @@ impl HostWindow<'_> {
             .filter(|&r| r != self.rank())
             .map(|r| (r, "waiting for"))
             .collect();
-        // A dead rank shows as its link closing, and links open when a pair first talks: a
-        // barrier talks with every rank, so its links open now (once; a peer that cannot be
-        // reached fails the call through the context, which the wait checks).
-        for &(peer, _) in &peers {
-            if self.waiter.tcp.link_to(peer, deadline).is_err() {
-                break;
-            }
-        }
         let timed_out = || {
             let missing: Vec<usize> = (0..self.n())
                 .filter(|&r| self.window.boards[r].progress().load(Ordering::Relaxed) <= passed)
