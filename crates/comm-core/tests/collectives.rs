@@ -411,9 +411,13 @@ fn bad_arguments_are_usage_errors() {
     });
 }
 
+/// The peer here is a thread that drops its sockets, so what shows is its links closing. On
+/// registered buffers (`Wire::Shm`, `--copy auto`) ranks of a host never open a link (they meet
+/// at boards in shared memory), so a peer's death shows as its process ending: comm-bench's
+/// tests/shared_memory.rs kills a rank mid-collective there.
 #[test]
 fn a_peer_that_disappears_is_reported() {
-    for wire in [Wire::Tcp, Wire::Shm, Wire::ShmSingle, Wire::ShmRing] {
+    for wire in [Wire::Tcp, Wire::ShmSingle, Wire::ShmRing] {
         a_peer_disappears(wire);
     }
 }
