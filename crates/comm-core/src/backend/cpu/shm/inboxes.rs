@@ -3,7 +3,7 @@
 //! talks (`pairing.rs`). Part of the wiring `connect` in `wiring.rs` runs; see its comment.
 
 use super::ring::{Geometry, Inbox};
-use super::segment::{self, Reserver, Segment};
+use super::segment::{self, Held, Segment};
 use crate::error::{CommError, Result};
 use crate::store::Scoped;
 
@@ -55,10 +55,10 @@ pub(super) fn host_ranks(scope: &Scoped, rank: usize) -> Result<Vec<usize>> {
 /// This rank's inbox, made for the peers of its host: mapped here, nameless, its header
 /// reserved and each ring reserved as its pair first talks.
 pub(super) struct Own {
-    /// The mapping `inbox` views, held as long as it.
-    pub(super) _mapping: Segment,
+    /// The segment `inbox` views, kept as long as it: its rings are reserved through it as
+    /// pairs first talk.
+    pub(super) held: Held,
     pub(super) inbox: Inbox,
-    pub(super) reserver: Reserver,
     /// What a peer needs to map it ([`peer_inbox`]): this process, the descriptor, the token.
     pub(super) address: String,
 }
@@ -68,19 +68,17 @@ pub(super) struct Own {
 pub(super) fn own_inbox(rank: usize, peers: usize) -> std::result::Result<Own, String> {
     let geometry = Geometry::for_peers(peers);
     segment::sweep_stale();
-    let name = Segment::fresh_name(rank);
     let token = segment::random_token();
-    match Segment::create_sparse(&name, geometry.bytes(), geometry.header_bytes()) {
-        Ok((segment, reserver)) => {
+    match Held::sparse(rank, geometry.bytes(), geometry.header_bytes()) {
+        Ok(held) => {
             // SAFETY: a fresh mapping of geometry.bytes() bytes, zeroed by the kernel, that no
             // one else knows of yet, whose header (all that format writes) is reserved; it
             // lives as long as the transport.
-            let inbox = unsafe { Inbox::format(segment.base(), geometry, token) };
-            let address = format!("{} {} {token}", std::process::id(), reserver.fd());
+            let inbox = unsafe { Inbox::format(held.base(), geometry, token) };
+            let address = format!("{} {} {token}", std::process::id(), held.fd());
             Ok(Own {
-                _mapping: segment,
+                held,
                 inbox,
-                reserver,
                 address,
             })
         }
@@ -107,7 +105,7 @@ pub(super) fn peer_inbox(
     let (Ok(pid), Ok(fd), Ok(token)) = parsed else {
         return Err(format!("it gave {address:?} as its inbox"));
     };
-    let segment = Segment::open_in(pid, fd, geometry.bytes())
+    let segment = Segment::open_held(pid, fd, geometry.bytes(), true)
         .map_err(|e| format!("opening its inbox (pid {pid}, descriptor {fd}): {e}"))?;
     // SAFETY: the mapping is geometry.bytes() long and kept with the pair.
     match unsafe { Inbox::check(segment.base(), geometry, token) } {

@@ -82,7 +82,7 @@ impl Arming {
         };
         let ring = ring_index(&self.host, peer, self.rank);
         let span = own.inbox.geometry().ring_span(ring);
-        let reserved = own.reserver.reserve(span.clone()).map_err(|e| {
+        let reserved = own.held.reserve(span.clone()).map_err(|e| {
             format!(
                 "rank {} could not reserve {} bytes of /dev/shm for rank {peer}'s ring: {e} (is \
                  /dev/shm full or too small? docker run --shm-size raises it)",
