@@ -24,6 +24,9 @@
 //!   beside it: its steps and bytes, which the algorithm, `--steps` and comm-bench's model read;
 //! - `crates/comm-core/src/backend/cpu/algorithms/choice.rs`: the rule in `chosen` that picks
 //!   among its named algorithms (none: `None`);
+//! - `crates/comm-core/src/backend/cpu/algorithms/registered.rs`: its arm in `registered`, the
+//!   algorithm that reads the peers' registered buffers in place with its `Schedule` (none:
+//!   `None`, and its calls take the messages);
 //! - `crates/comm-core/src/backend/nccl/collectives.rs`: its NCCL name and its `ncclX` call (or
 //!   group of sends and receives);
 //! - `crates/comm-bench/src/model/nccl.rs`: whether NCCL's cost model (tuning.cc) has a cost for

@@ -280,20 +280,26 @@ fn all_reduce<T: Element>(on: Registered<'_, T>, recv: &mut [T], op: ReduceOp) -
     on.call.close()
 }
 
-/// Every rank reduces the whole buffer from every rank's; in place into scratch, copied into
-/// `recv` once no peer reads it any more.
+/// Every rank reduces the whole buffer from every rank's, in rank order (0 op 1 op … on every
+/// rank: floating-point sums depend on the order, and every rank must end with the same bits);
+/// in place into scratch, copied into `recv` once no peer reads it any more.
 fn all_reduce_whole<T: Element>(on: Registered<'_, T>, recv: &mut [T], op: ReduceOp) -> Result<()> {
     let n = on.n;
     if let Some(send) = on.send {
-        let others: Vec<&[T]> = on.peers().map(|p| on.input(p)).collect();
-        reduce_all(op, Stores::Cached, recv, Some(send), &others);
+        let inputs: Vec<&[T]> = (0..n)
+            .map(|r| if r == on.rank { send } else { on.input(r) })
+            .collect();
+        reduce_all(op, Stores::Cached, recv, Some(inputs[0]), &inputs[1..]);
         finish(op, recv, n);
         return on.call.close();
     }
     with_scratch(recv.len(), move |sums: &mut [T]| {
-        let others: Vec<&[T]> = on.peers().map(|p| on.input(p)).collect();
-        reduce_all(op, Stores::Cached, sums, Some(recv), &others);
-        drop(others);
+        let own: &[T] = recv;
+        let inputs: Vec<&[T]> = (0..n)
+            .map(|r| if r == on.rank { own } else { on.input(r) })
+            .collect();
+        reduce_all(op, Stores::Cached, sums, Some(inputs[0]), &inputs[1..]);
+        drop(inputs);
         on.call.close()?;
         recv.copy_from_slice(sums);
         finish(op, recv, n);
