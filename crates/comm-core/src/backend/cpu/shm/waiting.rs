@@ -92,9 +92,11 @@ impl Waiter<'_> {
                 continue;
             }
             self.ctx.check()?;
-            let rank = self.ctx.rank();
-            for &(peer, doing) in watch {
-                if self.tcp.peer_closed(peer) {
+            match look_at_links(watch, |peer| self.tcp.peer_closed(peer), &mut ready) {
+                Links::Open => {}
+                Links::ClosedAfterReady => return Ok(()),
+                Links::Closed(peer, doing) => {
+                    let rank = self.ctx.rank();
                     let e = CommError::PeerClosed { rank, peer, doing };
                     return Err(self.ctx.fail(e));
                 }
@@ -118,9 +120,53 @@ impl Waiter<'_> {
     }
 }
 
+/// What a waiting rank's look at its watched peers' links found.
+#[derive(Debug, PartialEq, Eq)]
+enum Links {
+    /// None closed: wait on.
+    Open,
+    /// One closed, but the wait's condition holds when looked at again: that peer did its part
+    /// and then exited.
+    ClosedAfterReady,
+    /// This peer's link closed before its part came (`doing` it): it died or failed.
+    Closed(usize, &'static str),
+}
+
+/// Looks at the links of `watch` (`closed`), and at `ready()` again where one has closed. A
+/// peer that did its part and then exited closes its link after its last write to shared
+/// memory: the last barrier of a job, passed by a fast rank that then ends while a slow one,
+/// between its look at the barrier and its look at the links, has not seen it pass. The second
+/// look tells that peer from one that died mid-call.
+fn look_at_links(
+    watch: &[(usize, &'static str)],
+    closed: impl Fn(usize) -> bool,
+    ready: &mut impl FnMut() -> bool,
+) -> Links {
+    match watch.iter().find(|&&(peer, _)| closed(peer)) {
+        None => Links::Open,
+        Some(_) if ready() => Links::ClosedAfterReady,
+        Some(&(peer, doing)) => Links::Closed(peer, doing),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_that_finished_and_exited_is_not_a_failure() {
+        let watch = [(1, "waiting for"), (3, "receiving from")];
+        let rank_3_closed = |peer| peer == 3;
+        // Rank 3 exited after the write this rank waits for.
+        let found = look_at_links(&watch, rank_3_closed, &mut || true);
+        assert_eq!(found, Links::ClosedAfterReady);
+        // Still not ready once its link is seen closed: it died before its part.
+        let found = look_at_links(&watch, rank_3_closed, &mut || false);
+        assert_eq!(found, Links::Closed(3, "receiving from"));
+        // No link closed: wait on, without another look at the condition.
+        let found = look_at_links(&watch, |_| false, &mut || panic!("looked"));
+        assert_eq!(found, Links::Open);
+    }
 
     #[test]
     fn ranks_that_outnumber_cores_sleep_without_yielding() {
