@@ -272,9 +272,10 @@ fn copy_help(c: CopyChoice) -> &'static str {
     match c {
         CopyChoice::Auto => {
             "Registered buffers where every rank shares one host and can open its peers' \
-             memory; for other buffers one copy (cross-memory attach) from the size where it was \
-             measured to win, else two copies through the rings (on the 2-core VM it was \
-             measured on, registered buffers won from 256 KiB, lost below 64 KiB, and the rings beat one copy)"
+             memory, for calls from the size where they were measured to win (on the 2-core VM: \
+             128 KiB, reduce_scatter 512 KiB); smaller calls and other buffers take one copy \
+             (cross-memory attach) from the size where it was measured to win, else two copies \
+             through the rings (there, the rings beat one copy at every size)"
         }
         CopyChoice::Single => {
             "One copy for every message: the receiver reads the sender's buffer itself \

@@ -26,8 +26,11 @@ enum Wire {
     Channels,
     Tcp,
     /// Shared memory as `--copy auto` has it on one host: the communicator's buffers are
-    /// registered and collectives read the peers' buffers where they lie.
+    /// registered, and collectives from `REGISTERED_FROM` bytes read the peers' buffers where
+    /// they lie; smaller ones go through the rings.
     Shm,
+    /// Shared memory, every collective that can on registered buffers (`--copy registered`).
+    ShmRegistered,
     /// Shared memory, every message by one copy (`--copy single`: cross-memory attach).
     ShmSingle,
     /// Shared memory, every message through the rings (`--copy ring`).
@@ -41,7 +44,7 @@ fn on_ranks<R: Send>(n: usize, wire: Wire, body: impl Fn(&Communicator) -> R + S
             .into_iter()
             .map(|t| Box::new(t) as Box<dyn Transport>)
             .collect(),
-        Wire::Tcp | Wire::Shm | Wire::ShmSingle | Wire::ShmRing => {
+        Wire::Tcp | Wire::Shm | Wire::ShmRegistered | Wire::ShmSingle | Wire::ShmRing => {
             let server = StoreServer::bind(0, n).unwrap();
             let port = server.port();
             std::thread::scope(|s| {
@@ -76,13 +79,14 @@ fn on_ranks<R: Send>(n: usize, wire: Wire, body: impl Fn(&Communicator) -> R + S
 /// One rank's end of `wire` between processes.
 fn connect(wire: Wire, store: &Store, prefix: &str, rank: usize, n: usize) -> Box<dyn Transport> {
     match wire {
-        Wire::Shm | Wire::ShmSingle | Wire::ShmRing => {
+        Wire::Shm | Wire::ShmRegistered | Wire::ShmSingle | Wire::ShmRing => {
             let ip = store.local_ip();
             let wiring = Wiring {
                 transport: TransportChoice::Shm,
                 copy: match wire {
                     Wire::ShmSingle => CopyChoice::Single,
                     Wire::ShmRing => CopyChoice::Ring,
+                    Wire::ShmRegistered => CopyChoice::Registered,
                     _ => CopyChoice::Auto,
                 },
                 refuse_cross_memory: false,
@@ -200,10 +204,12 @@ fn tcp_world_sizes_1_to_8() {
     }
 }
 
+/// Registered buffers at every size (`--copy auto` sends these small calls through the rings,
+/// which `shm_ring_world_sizes_1_to_8` covers).
 #[test]
-fn shm_world_sizes_1_to_8() {
+fn shm_registered_world_sizes_1_to_8() {
     for n in 1..=8 {
-        all_dtypes(Wire::Shm, n, &small_lengths(n));
+        all_dtypes(Wire::ShmRegistered, n, &small_lengths(n));
     }
 }
 
@@ -351,6 +357,60 @@ fn ranks_that_disagree_on_sizes_get_an_error_not_a_hang() {
         assert!(
             message.contains("disagree on buffer sizes"),
             "{wire:?}: {message}"
+        );
+    }
+}
+
+/// Under `--copy auto` each rank picks a call's path from its own buffer: registered buffers
+/// from `REGISTERED_FROM` bytes, the rings below. Ranks that disagree across that bound are on
+/// two paths at once; each side sees the other while it waits (a ring message at the window's
+/// barrier, a peer's barrier count ahead of a rank on the rings) and says so, long before the
+/// timeout.
+#[test]
+fn ranks_split_between_registered_buffers_and_rings_get_an_error_not_a_hang() {
+    let small = 1000; // 4 KB of i32: the rings
+    let large = 100_000; // 400 KB: registered buffers
+    let split = "the ranks disagree on buffer sizes or made different calls (calls of 128 KiB or \
+                 more (reduce_scatter: 512 KiB of input) go on registered buffers, smaller ones \
+                 through the rings; pass the same length, dtype and root on every rank, in the \
+                 same calls)";
+    for (collective, small_rank) in [
+        (Collective::AllReduce, 0),
+        (Collective::AllReduce, 2),
+        (Collective::Broadcast, 0),
+        (Collective::Broadcast, 1),
+    ] {
+        let started = std::time::Instant::now();
+        // Three ranks for the all-reduce (each talks to both peers); two for the broadcast,
+        // where a rank that neither hears from the root nor talks to the failing rank would be
+        // left to the launcher, which stops a job's other ranks when one fails.
+        let n = if collective == Collective::AllReduce {
+            3
+        } else {
+            2
+        };
+        let errors = on_ranks(n, Wire::Shm, |comm| {
+            let len = if comm.rank() == small_rank {
+                small
+            } else {
+                large
+            };
+            let mut buf = comm.buffer(&vec![1i32; len]).unwrap();
+            let done = match collective {
+                Collective::AllReduce => comm.all_reduce(&mut buf, ReduceOp::Sum),
+                _ => comm.broadcast(&mut buf, 0),
+            };
+            done.err().map(|e| e.to_string())
+        });
+        let case = format!("{collective}, rank {small_rank} small: {errors:?}");
+        assert!(started.elapsed() < Duration::from_secs(20), "{case}");
+        assert!(errors.iter().flatten().any(|e| e.contains(split)), "{case}");
+        // The rank on the rings waits for a peer at the window's barrier, except a root whose
+        // messages fit its rings: it returns, as a root of mismatched broadcasts does on rings.
+        let root_alone = collective == Collective::Broadcast && small_rank == 0;
+        assert!(
+            errors.iter().filter(|e| e.is_none()).count() <= usize::from(root_alone),
+            "{case}"
         );
     }
 }
@@ -693,7 +753,8 @@ fn ranks_given_different_copies_are_told() {
 /// result out and overwrites its buffers, so a peer that still read them after the call
 /// returned would take the overwritten values and show a wrong result. Every collective that
 /// reads registered buffers, in place and out, sizes on both sides of the small all-reduce's
-/// bound, roots in turn, one rank sleeping now and then to shake the timing.
+/// bound and of `--copy auto`'s (calls through the rings between calls on registered buffers),
+/// roots in turn, one rank sleeping now and then to shake the timing.
 #[test]
 fn registered_calls_back_to_back_never_read_a_returned_buffer() {
     let n = 3;

@@ -23,12 +23,13 @@ pub enum TransportChoice {
 /// and NCCL_SHM_DISABLE choose between NCCL's P2P and SHM transports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CopyChoice {
-    /// Registered buffers where every rank shares one host and can open its peers' memory
-    /// (measured faster than the rings from 256 KiB, slower below 64 KiB, where their two barriers
-    /// cost more than one message: docs/src/transports.md); for other buffers, one
-    /// copy (cross-memory attach) from the size where it was measured to win, where every pair
-    /// of the job's hosts can read each other's memory; two copies through the rings otherwise
-    /// (on the 2-core VM it was measured on, one copy lost at every size: the rings).
+    /// Registered buffers where every rank shares one host and can open its peers' memory, for
+    /// calls from the size where they were measured faster than the rings (`registered_from`:
+    /// below it their two barriers cost more than the messages; docs/src/transports.md); for
+    /// smaller calls and other buffers, one copy (cross-memory attach) from the size where it
+    /// was measured to win, where every pair of the job's hosts can read each other's memory;
+    /// two copies through the rings otherwise (on the 2-core VM it was measured on, one copy
+    /// lost at every size: the rings).
     #[default]
     Auto,
     /// One copy for every message: the receiver reads the sender's buffer itself

@@ -159,6 +159,21 @@ impl Signature {
         )
     }
 
+    /// The collective called, if it is one of this build's.
+    pub fn collective(&self) -> Option<Collective> {
+        Collective::ALL.get(self.collective as usize).copied()
+    }
+
+    /// The call's size as nccl-tests counts it on `ranks` ranks: its larger buffer's bytes
+    /// (reduce_scatter's input is `ranks` times what it receives; the others receive the most).
+    pub fn size(&self, ranks: usize) -> usize {
+        let recv = self.recv_bytes as usize;
+        match self.collective() {
+            Some(Collective::ReduceScatter) => recv * ranks,
+            _ => recv,
+        }
+    }
+
     /// Whether `other` is this call with other buffer sizes only.
     pub fn sizes_differ(&self, other: &Signature) -> bool {
         self.recv_bytes != other.recv_bytes
@@ -326,4 +341,19 @@ pub(crate) fn size_mismatch(me: usize, peer: usize, got: usize, expected: usize)
         "rank {peer} sent {got} bytes where rank {me} expected {expected}: \
          the ranks disagree on buffer sizes (pass the same length, dtype and root on every rank)"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `--copy auto` compares with its bounds: nccl-tests' size, the larger buffer.
+    #[test]
+    fn a_calls_size_is_its_larger_buffer() {
+        let of = |collective, recv| Signature::of::<f32>(&Call::new(collective), recv).size(4);
+        assert_eq!(of(Collective::ReduceScatter, 1024), 4096);
+        assert_eq!(of(Collective::AllGather, 4096), 4096);
+        assert_eq!(of(Collective::AllReduce, 4096), 4096);
+        assert_eq!(of(Collective::Broadcast, 4096), 4096);
+    }
 }

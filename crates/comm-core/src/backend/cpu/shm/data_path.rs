@@ -124,8 +124,17 @@ impl ShmTcpTransport {
             let what = format!("rank {peer} while rank {rank} was {doing} it");
             self.waiter().timeout(what, vec![peer])
         };
+        // A peer owed to this rank in this call that waits at a barrier of registered buffers
+        // is in another call.
+        let astray = || {
+            let window = self.window.as_ref()?;
+            watch.iter().find_map(|&(peer, doing)| {
+                let theirs = window.ahead(peer)?;
+                Some(window.ahead_error(peer, theirs, doing))
+            })
+        };
         self.waiter()
-            .wait(self.doorbell, deadline, ready, watch, timed_out)
+            .wait(self.doorbell, deadline, ready, watch, astray, timed_out)
     }
 
     /// How this rank waits.
@@ -452,7 +461,7 @@ impl Transport for ShmTcpTransport {
 
     fn window(&self) -> Option<Box<dyn transport::Window + '_>> {
         let window = self.window.as_ref()?;
-        Some(Box::new(window.with(self.waiter())))
+        Some(Box::new(window.with(self.waiter(), &self.arming)))
     }
 
     fn name(&self) -> &'static str {

@@ -71,6 +71,16 @@ impl Arming {
         self.pairs[peer].get()
     }
 
+    /// A peer whose message waits in this rank's inbox, and the message's bytes: between calls
+    /// there is none, every message of a call being taken in it.
+    pub(super) fn message_waiting(&self) -> Option<(usize, usize)> {
+        self.pairs.iter().enumerate().find_map(|(peer, pair)| {
+            // Not locked by anyone between this rank's calls; skipped if it were.
+            let ring = pair.get()?.incoming.try_lock().ok()?;
+            ring.can_read().then(|| (peer, ring.peek().0))
+        })
+    }
+
     /// What this rank offers `peer`: its ring reserved in our inbox, and our inbox's address.
     fn offer(&self, peer: usize) -> (Offer, std::result::Result<(), String>) {
         let Some(own) = &self.own else {

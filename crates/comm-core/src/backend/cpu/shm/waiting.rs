@@ -63,15 +63,16 @@ pub(crate) struct Waiter<'a> {
 
 impl Waiter<'_> {
     /// Waits until `ready()` holds, checked after every ring of `bell`. While it sleeps it
-    /// checks the deadline and the peers in `watch` (their TCP links closing means they died or
-    /// failed); `doing` says, for the error, what waited on whom; at the deadline the error is
-    /// `timed_out()`'s.
+    /// checks the deadline, the peers in `watch` (their TCP links closing means they died or
+    /// failed; `doing` says, for the error, what waited on whom) and `astray()` (a peer seen in
+    /// another call than this rank's: its error); at the deadline the error is `timed_out()`'s.
     pub(crate) fn wait(
         &self,
         bell: Doorbell,
         deadline: Deadline,
         mut ready: impl FnMut() -> bool,
         watch: &[(usize, &'static str)],
+        mut astray: impl FnMut() -> Option<CommError>,
         timed_out: impl FnOnce() -> CommError,
     ) -> Result<()> {
         let mut round = 0u32;
@@ -92,6 +93,14 @@ impl Waiter<'_> {
                 continue;
             }
             self.ctx.check()?;
+            if let Some(e) = astray() {
+                // Before the links: a peer in another call may have failed on it and exited. As
+                // with a closed link (below), the peer may be ahead because this wait is over.
+                if ready() {
+                    return Ok(());
+                }
+                return Err(self.ctx.fail(e));
+            }
             match look_at_links(watch, |peer| self.tcp.peer_closed(peer), &mut ready) {
                 Links::Open => {}
                 Links::ClosedAfterReady => return Ok(()),

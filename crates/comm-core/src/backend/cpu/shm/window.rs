@@ -15,19 +15,28 @@
 //!
 //! So who may touch which bytes when is the algorithm's phases': between two barriers a rank
 //! writes only bytes no peer reads in that phase, and reads only bytes no one writes in it.
+//!
+//! Under `--copy auto` a call smaller than [`registered_from`] skips the window and goes
+//! through the rings: its two barriers cost more than the messages. Each rank decides from its
+//! own buffers, so ranks that disagree on sizes may split, some at the window's barrier, some on
+//! the rings; each side sees the other while it waits (a ring message in the inbox of a rank at
+//! the barrier, a board's barrier count ahead for a rank on the rings) and says so.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard};
 
 use super::board::{Board, Post, BOARD_BYTES};
+use super::pairing::Arming;
 use super::pool::{self, Location, Region};
 use super::segment::{random_token, Held, HugePages, Segment};
 use super::waiting::Waiter;
 use crate::backend::cpu::transport::{Signature, Window as WindowOnHost, WindowCall};
+use crate::collective::Collective;
 use crate::error::{CommError, Result};
 use crate::store::Scoped;
 use crate::trace::Span;
+use crate::units::human_bytes;
 
 /// One communicator's window on the registered buffers of its ranks, all on this host.
 pub struct Window {
@@ -37,7 +46,8 @@ pub struct Window {
     /// Every rank's pid, and the token stamped in its pool's segments.
     pids: Vec<libc::pid_t>,
     tokens: Vec<u64>,
-    /// `--copy registered`: a buffer that does not fit in /dev/shm is an error, not a `Vec`.
+    /// `--copy registered`: a buffer that does not fit in /dev/shm is an error, not a `Vec`, and
+    /// every call that can takes the window (under `--copy auto`, from [`registered_from`]).
     required: bool,
     /// The calls made so far; held for the whole of a call, which keeps calls in order.
     calls: Mutex<u64>,
@@ -52,6 +62,32 @@ pub struct Window {
 pub struct HostWindow<'a> {
     window: &'a Window,
     waiter: Waiter<'a>,
+    /// This rank's rings from its peers, where a message waiting at a barrier is a peer in
+    /// another call.
+    inbox: &'a Arming,
+}
+
+/// Under `--copy auto`, the size (nccl-tests': the larger buffer, in bytes) from which a call of
+/// `collective` goes on registered buffers; smaller calls take the rings, whose one message
+/// costs less than two barriers. Measured on the 2-core VM, each path's best of two rounds
+/// (`comm-bench -c all_reduce,all_gather,broadcast,reduce_scatter -b 1K -e 1M -f 2 -n 100`,
+/// `--copy registered` against `--copy ring`, 2 and 4 ranks; docs/src/transports.md): 2 ranks
+/// crossed between 64 and 128 KiB, reduce_scatter (which reduces as it reads, where the rings
+/// overlap the two ranks' reductions) between 256 and 512 KiB; on 4 ranks of the 2 cores
+/// registered buffers won all_reduce and all_gather from 2 KiB (fewer wake-ups) and lost the
+/// broadcast up to 64 KiB.
+pub fn registered_from(collective: Collective) -> usize {
+    match collective {
+        Collective::ReduceScatter => 512 << 10,
+        Collective::AllReduce
+        | Collective::AllGather
+        | Collective::Broadcast
+        | Collective::Reduce
+        | Collective::SendRecv
+        | Collective::AllToAll
+        | Collective::Gather
+        | Collective::Scatter => 128 << 10,
+    }
 }
 
 impl Window {
@@ -117,12 +153,59 @@ impl Window {
         })
     }
 
-    /// The window with this rank's waiter.
-    pub(crate) fn with<'a>(&'a self, waiter: Waiter<'a>) -> HostWindow<'a> {
+    /// The window with this rank's waiter and inbox.
+    pub(crate) fn with<'a>(&'a self, waiter: Waiter<'a>, inbox: &'a Arming) -> HostWindow<'a> {
         HostWindow {
             window: self,
             waiter,
+            inbox,
         }
+    }
+
+    /// Rank `peer`'s latest call, where it waits at a barrier of the window that this rank
+    /// has not reached: seen by a rank on the rings, a call it is not in.
+    pub(crate) fn ahead(&self, peer: usize) -> Option<Signature> {
+        let theirs = self.boards[peer].progress().load(Ordering::Acquire);
+        let ours = self.boards[self.rank].progress().load(Ordering::Relaxed);
+        if theirs <= ours {
+            return None;
+        }
+        // Its post was written before its barrier count (release), and stays until its next
+        // call, which cannot start without this rank.
+        let board = self.boards[peer];
+        let latest = [board.read_post(0), board.read_post(1)]
+            .into_iter()
+            .max_by_key(|p| p.call)?;
+        Some(latest.signature)
+    }
+
+    /// The error for rank `peer` seen in call `theirs` on registered buffers while rank `rank`
+    /// was `doing` it through the rings.
+    pub(crate) fn ahead_error(&self, peer: usize, theirs: Signature, doing: &str) -> CommError {
+        let rank = self.rank;
+        CommError::Peer(format!(
+            "rank {peer} called {} on registered buffers while rank {rank} was {doing} it in a \
+             call through the rings: {}",
+            theirs.words(),
+            self.split_calls()
+        ))
+    }
+
+    /// Why ranks can be in calls of two kinds at once.
+    fn split_calls(&self) -> String {
+        let sizes = match self.required {
+            true => String::new(),
+            false => format!(
+                "calls of {} or more (reduce_scatter: {} of input) go on registered buffers, \
+                 smaller ones through the rings; ",
+                human_bytes(registered_from(Collective::AllReduce) as f64),
+                human_bytes(registered_from(Collective::ReduceScatter) as f64),
+            ),
+        };
+        format!(
+            "the ranks disagree on buffer sizes or made different calls ({sizes}pass the same \
+             length, dtype and root on every rank, in the same calls)"
+        )
     }
 }
 
@@ -232,6 +315,12 @@ impl HostWindow<'_> {
         send: Option<&[u8]>,
         recv: &[u8],
     ) -> Result<Option<OpenCall<'c>>> {
+        if !self.window.required {
+            let collective = signature.collective();
+            if signature.size(self.n()) < collective.map_or(0, registered_from) {
+                return Ok(None);
+            }
+        }
         let mut calls = self.window.calls.lock().unwrap_or_else(|e| e.into_inner());
         *calls += 1;
         let (send_at, recv_at) = (send.map(pool::locate), pool::locate(recv));
@@ -334,7 +423,8 @@ impl HostWindow<'_> {
         let generation = bell.seen();
         let own = self.window.boards[self.rank()].progress();
         let passed = own.load(Ordering::Relaxed);
-        own.store(passed + 1, Ordering::Relaxed);
+        // Release: a peer on the rings that sees it ahead reads this rank's post (`ahead`).
+        own.store(passed + 1, Ordering::Release);
         if first.arrive(self.n()) {
             bell.ring();
             return Ok(());
@@ -357,7 +447,17 @@ impl HostWindow<'_> {
             self.waiter.timeout(what, missing)
         };
         let moved = || bell.seen() != generation;
-        self.waiter.wait(bell, deadline, moved, &peers, timed_out)
+        let astray = || {
+            let (peer, bytes) = self.inbox.message_waiting()?;
+            Some(CommError::Peer(format!(
+                "rank {peer} sent rank {rank} a message of {bytes} bytes through the rings while \
+                 rank {rank} waited at a barrier of a call on registered buffers: {}",
+                self.window.split_calls(),
+                rank = self.rank()
+            )))
+        };
+        self.waiter
+            .wait(bell, deadline, moved, &peers, astray, timed_out)
     }
 }
 
