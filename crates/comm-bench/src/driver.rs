@@ -524,10 +524,10 @@ fn describe(comm: &Communicator, collective: Collective) -> (String, String) {
             format!(
                 "{} transport{}{} (comm-core {})",
                 comm.transport().unwrap_or("?"),
-                match comm.registers_buffers() {
-                    true => format!(", {}", record::REGISTERED_BUFFERS),
-                    false => String::new(),
-                },
+                comm.registered_from(collective)
+                    .map_or_else(String::new, |from| {
+                        format!(", {}", record::registered_words(from))
+                    }),
                 // Named only where this collective has it: --algo ring on all_reduce and
                 // broadcast in one run leaves broadcast to choose by size.
                 comm.algo()

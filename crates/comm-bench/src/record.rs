@@ -14,9 +14,30 @@ use crate::error::BenchError;
 use crate::measure::{Measured, Outcome, Placement};
 
 /// What a CPU row's backend adds after its transport when the ranks read each other's
-/// registered buffers (`shm transport, registered buffers`): the model then takes the registered
-/// algorithm's path.
+/// registered buffers (`shm transport, registered buffers from 128K`): the model then takes the
+/// registered algorithm's path for the sizes that do.
 pub const REGISTERED_BUFFERS: &str = "registered buffers";
+
+/// The backend's words for registered buffers that calls of `from` bytes or more read (nccl-tests'
+/// size; 0: every call, `--copy registered`): `registered buffers from 128K`, as `-b` writes it.
+pub fn registered_words(from: usize) -> String {
+    match from {
+        0 => REGISTERED_BUFFERS.to_string(),
+        from if from.is_multiple_of(1024) => format!("{REGISTERED_BUFFERS} from {}K", from >> 10),
+        from => format!("{REGISTERED_BUFFERS} from {from}"),
+    }
+}
+
+/// From which size a CPU row's calls read registered buffers, as [`registered_words`] wrote it
+/// in its backend (`None`: they never do).
+pub fn registered_from(backend_version: &str) -> Option<u64> {
+    let (_, after) = backend_version.split_once(REGISTERED_BUFFERS)?;
+    let Some(size) = after.strip_prefix(" from ") else {
+        return Some(0);
+    };
+    let size = size.split([' ', ',', ')']).next().unwrap_or_default();
+    crate::units::parse_bytes(size).ok()
+}
 
 /// One measured point.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -362,6 +383,24 @@ mod tests {
     use super::*;
     use comm_core::timing::Timing;
     use comm_core::{DType, ReduceOp};
+
+    /// The header says from which size calls read registered buffers; the model reads it back.
+    #[test]
+    fn registered_buffers_bound_goes_through_the_header() {
+        let line = |from| {
+            format!(
+                "shm transport, {} (comm-core 0.1.0)",
+                registered_words(from)
+            )
+        };
+        assert_eq!(
+            line(128 << 10),
+            "shm transport, registered buffers from 128K (comm-core 0.1.0)"
+        );
+        assert_eq!(registered_from(&line(128 << 10)), Some(128 << 10));
+        assert_eq!(registered_from(&line(0)), Some(0));
+        assert_eq!(registered_from("shm transport (comm-core 0.1.0)"), None);
+    }
 
     /// The row's time is nccl-tests' (-a over the ranks' times), its bandwidths from it, and the
     /// iteration statistics beside it.

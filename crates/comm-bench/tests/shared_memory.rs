@@ -170,10 +170,11 @@ fn the_header_and_transport_line_say_which_transport_ran() {
         let name = if transport == "tcp" { "tcp" } else { "shm" };
         let line = format!("transport: {name} ({says})");
         assert_eq!(stdout.lines().nth(1), Some(line.as_str()), "{stdout}");
-        // One host: the communicator's buffers are registered and the header says so.
+        // One host: the communicator's buffers are registered and the header says from which
+        // size all_reduce reads them (`--copy auto`'s measured bound).
         let header = match name {
             "tcp" => "backend cpu (tcp transport (comm-core".to_string(),
-            _ => format!("backend cpu ({name} transport, registered buffers (comm-core"),
+            _ => format!("backend cpu ({name} transport, registered buffers from 128K (comm-core"),
         };
         assert!(stdout.contains(&header), "{header} in:\n{stdout}");
         assert!(stdout.contains("# Wrong elements       : 0 OK"), "{stdout}");

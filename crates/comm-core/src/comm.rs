@@ -201,6 +201,17 @@ impl Communicator {
         }
     }
 
+    /// Where its buffers are registered, the size (nccl-tests': the larger buffer) from which
+    /// a call of `collective` reads the peers' buffers in place: 0 under `--copy registered`,
+    /// the measured bound under `--copy auto` (smaller calls send messages); `None` where they
+    /// are not.
+    pub fn registered_from(&self, collective: Collective) -> Option<usize> {
+        match &self.engine {
+            Engine::Cpu(t) => t.window().map(|w| w.registered_from(collective)),
+            Engine::Nccl(_) => None,
+        }
+    }
+
     /// The CPU algorithm asked for (`--algo`), if any.
     pub fn algo(&self) -> Option<Algo> {
         self.algo

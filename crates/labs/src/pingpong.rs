@@ -127,7 +127,7 @@ pub fn timing<C: Code>(comm: &Communicator) -> Result<()> {
         in_place: true,
         asked: Some(Algo::Tree),
         // A named algorithm runs over messages, never on registered buffers.
-        registered: false,
+        registered_from: None,
         on_cpu: true,
     };
     let (mut yours, mut library, mut rows) = (Vec::new(), Vec::new(), Vec::new());

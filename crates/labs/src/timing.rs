@@ -88,7 +88,7 @@ fn library_fit(lab: Lab, collective: Collective, comm: &Communicator) -> Result<
         in_place: true,
         asked: Some(lab.algo()),
         // A named algorithm runs over messages, never on registered buffers.
-        registered: false,
+        registered_from: None,
         on_cpu: true,
     };
     let mut points = Vec::new();

@@ -117,9 +117,10 @@ pub struct Shape {
     pub in_place: bool,
     /// `--algo`, if the sweep named one.
     pub asked: Option<Algo>,
-    /// The ranks read each other's registered buffers (the row's backend says "registered
-    /// buffers"): the registered algorithm's path, not the messages'.
-    pub registered: bool,
+    /// From this size the ranks read each other's registered buffers (the row's backend says
+    /// "registered buffers from 128K"; 0: every size): the registered algorithm's path there,
+    /// not the messages'.
+    pub registered_from: Option<u64>,
     /// The CPU backend: its copies run from the host's caches or its memory (NCCL's do not).
     pub on_cpu: bool,
 }
@@ -130,9 +131,9 @@ impl Shape {
         let (c, n) = (self.collective, self.world_size);
         Some(Point {
             size,
-            path: match self.registered {
-                true => registered_path(c, size, n)?,
-                false => path(c, size, n, self.asked)?,
+            path: match self.registered_from {
+                Some(from) if size >= from => registered_path(c, size, n)?,
+                _ => path(c, size, n, self.asked)?,
             },
             working_set: working_set(c, size, n, self.in_place),
             time_us,
@@ -361,7 +362,7 @@ pub(crate) mod synthetic {
             world_size,
             in_place: false,
             asked: None,
-            registered: false,
+            registered_from: None,
             on_cpu: true,
         }
     }

@@ -42,8 +42,10 @@ pub fn points(rows: &[Row]) -> Option<(Shape, Vec<Point>)> {
         world_size: first.world_size,
         in_place: first.placement == "in-place",
         asked: asked_algo(first),
-        registered: first.backend == "cpu"
-            && first.backend_version.contains(record::REGISTERED_BUFFERS),
+        registered_from: match first.backend == "cpu" {
+            true => record::registered_from(&first.backend_version),
+            false => None,
+        },
         on_cpu: first.backend == "cpu",
     };
     let mut points: Vec<Point> = rows

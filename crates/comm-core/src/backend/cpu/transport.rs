@@ -86,6 +86,11 @@ pub trait Window {
     /// calls through messages, with a warning); an error saying the size where it may not.
     fn allocate(&self, bytes: usize) -> Result<Option<Region>>;
 
+    /// The size (nccl-tests': the larger buffer) from which a call of `collective` takes the
+    /// window: 0 under `--copy registered`, the measured bound under `--copy auto` (smaller
+    /// calls go through the rings).
+    fn registered_from(&self, collective: Collective) -> usize;
+
     /// Opens a call of `signature` on this rank's `send` (`None` in place) and `recv`, once every
     /// rank has posted its own: `None` where some rank's buffers are not registered, on every
     /// rank alike (the call then takes messages); an error where a rank makes another call.

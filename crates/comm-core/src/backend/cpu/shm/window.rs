@@ -287,6 +287,13 @@ impl WindowOnHost for HostWindow<'_> {
         }
     }
 
+    fn registered_from(&self, collective: Collective) -> usize {
+        match self.window.required {
+            true => 0,
+            false => registered_from(collective),
+        }
+    }
+
     fn open<'c>(
         &'c self,
         signature: Signature,
@@ -315,11 +322,11 @@ impl HostWindow<'_> {
         send: Option<&[u8]>,
         recv: &[u8],
     ) -> Result<Option<OpenCall<'c>>> {
-        if !self.window.required {
-            let collective = signature.collective();
-            if signature.size(self.n()) < collective.map_or(0, registered_from) {
-                return Ok(None);
-            }
+        let from = signature
+            .collective()
+            .map_or(0, |c| self.registered_from(c));
+        if signature.size(self.n()) < from {
+            return Ok(None);
         }
         let mut calls = self.window.calls.lock().unwrap_or_else(|e| e.into_inner());
         *calls += 1;
