@@ -14,7 +14,7 @@ use crate::error::BenchError;
 use crate::measure::{Measured, Outcome, Placement};
 
 /// What a CPU row's backend adds after its transport when the ranks read each other's
-/// registered buffers (`shm transport, registered buffers from 128K`): the model then takes the
+/// registered buffers (`shm transport, registered buffers from 8K`): the model then takes the
 /// registered algorithm's path for the sizes that do.
 pub const REGISTERED_BUFFERS: &str = "registered buffers";
 

@@ -174,7 +174,7 @@ fn the_header_and_transport_line_say_which_transport_ran() {
         // size all_reduce reads them (`--copy auto`'s measured bound).
         let header = match name {
             "tcp" => "backend cpu (tcp transport (comm-core".to_string(),
-            _ => format!("backend cpu ({name} transport, registered buffers from 128K (comm-core"),
+            _ => format!("backend cpu ({name} transport, registered buffers from 8K (comm-core"),
         };
         assert!(stdout.contains(&header), "{header} in:\n{stdout}");
         assert!(stdout.contains("# Wrong elements       : 0 OK"), "{stdout}");

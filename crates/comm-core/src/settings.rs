@@ -273,7 +273,8 @@ fn copy_help(c: CopyChoice) -> &'static str {
         CopyChoice::Auto => {
             "Registered buffers where every rank shares one host and can open its peers' \
              memory, for calls from the size where they were measured to win (on the 2-core VM: \
-             128 KiB, reduce_scatter 512 KiB); smaller calls and other buffers take one copy \
+             8 KiB, reduce_scatter 16 KiB, broadcast 64 KiB); smaller calls and other buffers \
+             take one copy \
              (cross-memory attach) from the size where it was measured to win, else two copies \
              through the rings (there, the rings beat one copy at every size)"
         }

@@ -370,9 +370,9 @@ fn a_collective_only_rank_0_calls_fails_the_job_saying_what_disagrees() {
     // rank 0 finds a peer at that barrier.
     let split = [
         "error: rank 1: rank 0 sent rank 1 a message of 4 bytes through the rings while rank 1 \
-         waited at a barrier of a call on registered buffers",
+         waited at a barrier of its all_reduce (sum) of 262144 bytes of float on registered buffers",
         "error: rank 2: rank 0 sent rank 2 a message of 4 bytes through the rings while rank 2 \
-         waited at a barrier of a call on registered buffers",
+         waited at a barrier of its all_reduce (sum) of 262144 bytes of float on registered buffers",
         "error: rank 0: rank 1 called all_reduce (sum) of 262144 bytes of float on registered \
          buffers while rank 0 was",
         "error: rank 0: rank 2 called all_reduce (sum) of 262144 bytes of float on registered \
@@ -380,10 +380,9 @@ fn a_collective_only_rank_0_calls_fails_the_job_saying_what_disagrees() {
     ];
     let split = split.iter().any(|s| stderr.contains(s))
         && stderr.contains(
-            ": the ranks disagree on buffer sizes or made different calls (calls of 128 KiB or \
-             more (reduce_scatter: 512 KiB of input) go on registered buffers, smaller ones \
-             through the rings; pass the same length, dtype and root on every rank, in the \
-             same calls)",
+            ": the ranks disagree on buffer sizes or made different calls (all_reduce calls of \
+             8 KiB or more go on registered buffers, smaller ones through the rings; pass the \
+             same length, dtype and root on every rank, in the same calls)",
         );
     let messages = noticed.iter().any(|n| stderr.contains(n))
         && stderr.contains(
@@ -411,7 +410,7 @@ fn a_collective_only_rank_0_calls_fails_the_job_saying_what_disagrees() {
              receiving from it (is that rank stuck, or did the ranks call different collectives?)"
         )
     };
-    // Rank 0's 4 bytes go through the rings (on one host too: under 128 KiB), so it times out
+    // Rank 0's 4 bytes go through the rings (on one host too: all_reduce under 8 KiB), so it times out
     // waiting for a message, whether or not the others' large call is on registered buffers.
     assert!(
         stderr.contains(&waited(2)) || stderr.contains(&waited(1)),

@@ -118,7 +118,7 @@ pub struct Shape {
     /// `--algo`, if the sweep named one.
     pub asked: Option<Algo>,
     /// From this size the ranks read each other's registered buffers (the row's backend says
-    /// "registered buffers from 128K"; 0: every size): the registered algorithm's path there,
+    /// "registered buffers from 8K"; 0: every size): the registered algorithm's path there,
     /// not the messages'.
     pub registered_from: Option<u64>,
     /// The CPU backend: its copies run from the host's caches or its memory (NCCL's do not).

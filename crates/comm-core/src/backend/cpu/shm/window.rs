@@ -68,25 +68,24 @@ pub struct HostWindow<'a> {
 }
 
 /// Under `--copy auto`, the size (nccl-tests': the larger buffer, in bytes) from which a call of
-/// `collective` goes on registered buffers; smaller calls take the rings, whose one message
-/// costs less than two barriers. Measured on the 2-core VM, each path's best of two rounds
-/// (`comm-bench -c all_reduce,all_gather,broadcast,reduce_scatter -b 1K -e 1M -f 2 -n 100`,
-/// `--copy registered` against `--copy ring`, 2 and 4 ranks; docs/src/transports.md): 2 ranks
-/// crossed between 64 and 128 KiB, reduce_scatter (which reduces as it reads, where the rings
-/// overlap the two ranks' reductions) between 256 and 512 KiB; on 4 ranks of the 2 cores
-/// registered buffers won all_reduce and all_gather from 2 KiB (fewer wake-ups) and lost the
-/// broadcast up to 64 KiB.
+/// `collective` goes on registered buffers; smaller calls take the rings, whose messages cost
+/// less than two barriers. Measured on the 2-core VM, each path's best of four rounds on a quiet
+/// machine (`comm-bench -c all_reduce,all_gather,broadcast,reduce_scatter --world-sizes 2,3,4
+/// -b 1K -e 2M -f 2 -n 200 -w 20`, `--copy registered` against `--copy ring`; the table in
+/// docs/src/transports.md): on 2 ranks registered buffers won all_gather and all_reduce from 8
+/// KiB, reduce_scatter from 16 KiB, broadcast from 32 KiB; on 3 and 4 ranks (more ranks than
+/// cores, where every wake-up counts) the first three from 1 KiB, and broadcast, where the
+/// rings' tree lets most ranks wait for one message, only from 64 to 128 KiB.
 pub fn registered_from(collective: Collective) -> usize {
     match collective {
-        Collective::ReduceScatter => 512 << 10,
-        Collective::AllReduce
-        | Collective::AllGather
-        | Collective::Broadcast
-        | Collective::Reduce
+        Collective::AllReduce | Collective::AllGather => 8 << 10,
+        Collective::ReduceScatter => 16 << 10,
+        Collective::Broadcast => 64 << 10,
+        Collective::Reduce
         | Collective::SendRecv
         | Collective::AllToAll
         | Collective::Gather
-        | Collective::Scatter => 128 << 10,
+        | Collective::Scatter => 0,
     }
 }
 
@@ -187,20 +186,20 @@ impl Window {
             "rank {peer} called {} on registered buffers while rank {rank} was {doing} it in a \
              call through the rings: {}",
             theirs.words(),
-            self.split_calls()
+            self.split_calls(theirs.collective())
         ))
     }
 
-    /// Why ranks can be in calls of two kinds at once.
-    fn split_calls(&self) -> String {
-        let sizes = match self.required {
-            true => String::new(),
-            false => format!(
-                "calls of {} or more (reduce_scatter: {} of input) go on registered buffers, \
-                 smaller ones through the rings; ",
-                human_bytes(registered_from(Collective::AllReduce) as f64),
-                human_bytes(registered_from(Collective::ReduceScatter) as f64),
+    /// Why ranks can be in calls of two kinds at once, one of them `collective` on registered
+    /// buffers.
+    fn split_calls(&self, collective: Option<Collective>) -> String {
+        let sizes = match (self.required, collective) {
+            (false, Some(c)) => format!(
+                "{c} calls of {} or more go on registered buffers, smaller ones through the \
+                 rings; ",
+                human_bytes(registered_from(c) as f64),
             ),
+            _ => String::new(),
         };
         format!(
             "the ranks disagree on buffer sizes or made different calls ({sizes}pass the same \
@@ -260,6 +259,8 @@ struct OpenCall<'c> {
     window: &'c HostWindow<'c>,
     /// Holds the window's calls in order while this one runs.
     _calls: MutexGuard<'c, u64>,
+    /// The call, as every rank posted it.
+    signature: Signature,
     /// Per rank: where its input (its send buffer, or in place its buffer) and its output lie
     /// in this process (null for this rank: the algorithm has its own slices).
     inputs: Vec<(*const u8, usize)>,
@@ -340,7 +341,7 @@ impl HostWindow<'_> {
             recv: recv_at.unwrap_or_default(),
         };
         self.window.boards[self.rank()].write_post(&post);
-        self.barrier()?;
+        self.barrier(signature)?;
         let posts: Vec<Post> = (0..self.n())
             .map(|r| self.window.boards[r].read_post(post.call))
             .collect();
@@ -375,6 +376,7 @@ impl HostWindow<'_> {
         Ok(Some(OpenCall {
             window: self,
             _calls: calls,
+            signature,
             inputs,
             outputs,
             in_place: posts.iter().map(|p| p.in_place == 1).collect(),
@@ -422,7 +424,7 @@ impl HostWindow<'_> {
     }
 
     /// Waits until every rank of the window has arrived here.
-    fn barrier(&self) -> Result<()> {
+    fn barrier(&self, call: Signature) -> Result<()> {
         // A "fence": drawn inside the call, as its messages would be, not as a call of its own.
         let _span = Span::slice("fence", "wait for every rank");
         let first = self.window.boards[0];
@@ -458,8 +460,9 @@ impl HostWindow<'_> {
             let (peer, bytes) = self.inbox.message_waiting()?;
             Some(CommError::Peer(format!(
                 "rank {peer} sent rank {rank} a message of {bytes} bytes through the rings while \
-                 rank {rank} waited at a barrier of a call on registered buffers: {}",
-                self.window.split_calls(),
+                 rank {rank} waited at a barrier of its {} on registered buffers: {}",
+                call.words(),
+                self.window.split_calls(call.collective()),
                 rank = self.rank()
             )))
         };
@@ -517,10 +520,10 @@ impl WindowCall for OpenCall<'_> {
     }
 
     fn fence(&self) -> Result<()> {
-        self.window.barrier()
+        self.window.barrier(self.signature)
     }
 
     fn close(self: Box<Self>) -> Result<()> {
-        self.window.barrier()
+        self.window.barrier(self.signature)
     }
 }
