@@ -246,15 +246,17 @@ awk -v order="$list" '
   }' "$work/theirs" "$work/ours"
 
 # What out of place costs over in place, on both sides: a copy that only one side paid for would
-# show here.
+# show here. The last column bounds it: out of place against in place plus one memcpy of the
+# case's bytes (at most what a caller copying the result out would add).
 echo
-echo "| collective | ranks | size | ours out / in place | OpenMPI out / in place |"
-echo "|---|---:|---:|---:|---:|"
+echo "| collective | ranks | size | ours out / in place | OpenMPI out / in place | ours out / (in place + memcpy) |"
+echo "|---|---:|---:|---:|---:|---:|"
 awk -v order="$list" '
   FILENAME == ARGV[1] {
     in_place = ($2 == "all_reduce" || $2 == "broadcast")
     out_us[$1 " " $2 " " $3] = in_place ? $5 : $4
     in_us[$1 " " $2 " " $3] = in_place ? $4 : $5
+    copy[$1 " " $2 " " $3] = $6
     next
   }
   {
@@ -272,6 +274,7 @@ awk -v order="$list" '
         theirs = key[row]
         o = ours[row " out-of-place"]; i = ours[row " in-place"]
         if (!(theirs in in_us) || !o || !i || !in_us[theirs]) continue
-        printf "| %s | %s | %s | %.2f | %.2f |\n", r[3], r[1], r[2], o / i, out_us[theirs] / in_us[theirs]
+        printf "| %s | %s | %s | %.2f | %.2f | %.2f |\n", r[3], r[1], r[2], o / i,
+          out_us[theirs] / in_us[theirs], o / (i + copy[theirs])
       }
   }' "$work/theirs" "$work/ours"
