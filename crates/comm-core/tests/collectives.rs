@@ -26,7 +26,7 @@ enum Wire {
     Channels,
     Tcp,
     /// Shared memory as `--copy auto` has it on one host: the communicator's buffers are
-    /// registered, and collectives from `REGISTERED_FROM` bytes read the peers' buffers where
+    /// registered, and collectives from `registered_from`'s size read the peers' buffers where
     /// they lie; smaller ones go through the rings.
     Shm,
     /// Shared memory, every collective that can on registered buffers (`--copy registered`).
@@ -362,7 +362,7 @@ fn ranks_that_disagree_on_sizes_get_an_error_not_a_hang() {
 }
 
 /// Under `--copy auto` each rank picks a call's path from its own buffer: registered buffers
-/// from `REGISTERED_FROM` bytes, the rings below. Ranks that disagree across that bound are on
+/// from `registered_from`'s size for the collective, the rings below. Ranks that disagree across that bound are on
 /// two paths at once; each side sees the other while it waits (a ring message at the window's
 /// barrier, a peer's barrier count ahead of a rank on the rings) and says so, long before the
 /// timeout.
@@ -378,10 +378,10 @@ fn ranks_split_between_registered_buffers_and_rings_get_an_error_not_a_hang() {
         )
     };
     for (collective, small_rank, bound) in [
-        (Collective::AllReduce, 0, "8 KiB"),
-        (Collective::AllReduce, 2, "8 KiB"),
-        (Collective::Broadcast, 0, "64 KiB"),
-        (Collective::Broadcast, 1, "64 KiB"),
+        (Collective::AllReduce, 0, "8 KiB (8192 bytes)"),
+        (Collective::AllReduce, 2, "8 KiB (8192 bytes)"),
+        (Collective::Broadcast, 0, "64 KiB (65536 bytes)"),
+        (Collective::Broadcast, 1, "64 KiB (65536 bytes)"),
     ] {
         let started = std::time::Instant::now();
         // Three ranks for the all-reduce (each talks to both peers); two for the broadcast,

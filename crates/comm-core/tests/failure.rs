@@ -381,8 +381,8 @@ fn a_collective_only_rank_0_calls_fails_the_job_saying_what_disagrees() {
     let split = split.iter().any(|s| stderr.contains(s))
         && stderr.contains(
             ": the ranks disagree on buffer sizes or made different calls (all_reduce calls of \
-             8 KiB or more go on registered buffers, smaller ones through the rings; pass the \
-             same length, dtype and root on every rank, in the same calls)",
+             8 KiB (8192 bytes) or more go on registered buffers, smaller ones through the \
+             rings; pass the same length, dtype and root on every rank, in the same calls)",
         );
     let messages = noticed.iter().any(|n| stderr.contains(n))
         && stderr.contains(

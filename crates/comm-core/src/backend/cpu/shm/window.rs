@@ -73,9 +73,10 @@ pub struct HostWindow<'a> {
 /// machine (`comm-bench -c all_reduce,all_gather,broadcast,reduce_scatter --world-sizes 2,3,4
 /// -b 1K -e 2M -f 2 -n 200 -w 20`, `--copy registered` against `--copy ring`; the table in
 /// docs/src/transports.md): on 2 ranks registered buffers won all_gather and all_reduce from 8
-/// KiB, reduce_scatter from 16 KiB, broadcast from 32 KiB; on 3 and 4 ranks (more ranks than
-/// cores, where every wake-up counts) the first three from 1 KiB, and broadcast, where the
-/// rings' tree lets most ranks wait for one message, only from 64 to 128 KiB.
+/// KiB, reduce_scatter and broadcast from 16 KiB; on 3 and 4 ranks (more ranks than cores, where
+/// every wake-up counts) the first three from 1 to 8 KiB, and broadcast, where the rings' tree
+/// lets most ranks wait for one message, only from 128 or 256 KiB. Broadcast's 64 KiB splits
+/// the difference.
 pub fn registered_from(collective: Collective) -> usize {
     match collective {
         Collective::AllReduce | Collective::AllGather => 8 << 10,
@@ -195,9 +196,14 @@ impl Window {
     fn split_calls(&self, collective: Option<Collective>) -> String {
         let sizes = match (self.required, collective) {
             (false, Some(c)) => format!(
-                "{c} calls of {} or more go on registered buffers, smaller ones through the \
-                 rings; ",
+                "{c} calls of {} ({} bytes{}) or more go on registered buffers, smaller ones \
+                 through the rings; ",
                 human_bytes(registered_from(c) as f64),
+                registered_from(c),
+                match c {
+                    Collective::ReduceScatter => " of input",
+                    _ => "",
+                },
             ),
             _ => String::new(),
         };
@@ -476,9 +482,9 @@ fn different_calls(peer: usize, theirs: &Post, rank: usize, ours: &Post) -> Comm
     let (t, o) = (theirs.signature, ours.signature);
     if theirs.call != ours.call {
         return CommError::Peer(format!(
-            "rank {peer} posted its call {} on registered buffers where rank {rank} posted call \
-             {}: the ranks made different calls (every rank must make the same calls in the \
-             same order)",
+            "rank {peer} posted its call number {} on registered buffers where rank {rank} posted \
+             its number {} (only calls on registered buffers are counted): the ranks made \
+             different calls (every rank must make the same calls in the same order)",
             theirs.call, ours.call
         ));
     }
