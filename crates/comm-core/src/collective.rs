@@ -27,6 +27,8 @@
 //! - `crates/comm-core/src/backend/cpu/algorithms/registered.rs`: its arm in `registered`, the
 //!   algorithm that reads the peers' registered buffers in place with its `Schedule` (none:
 //!   `None`, and its calls take the messages);
+//! - `crates/comm-core/src/backend/cpu/shm/window.rs`: its arm in `registered_from`, the size
+//!   from which `--copy auto` takes that algorithm (none: 0);
 //! - `crates/comm-core/src/backend/nccl/collectives.rs`: its NCCL name and its `ncclX` call (or
 //!   group of sends and receives);
 //! - `crates/comm-bench/src/model/nccl.rs`: whether NCCL's cost model (tuning.cc) has a cost for

@@ -570,9 +570,15 @@ fn a_lost_node_is_named_by_the_other_nodes_workers() {
     let (code, _, stderr) = finish(node0, Duration::from_secs(60));
     assert_eq!(code, 1, "{stderr}");
     // The store's server saw node 1's ranks' connections close: node 0's workers name one of them
-    // at once instead of waiting out their timeout at the last barrier.
+    // at once instead of waiting out their timeout at the last barrier. (Rank 0 may not have
+    // reached that barrier yet: its pid file is written just before it returns.)
     assert!(
-        stderr.contains(") vanished while rank 0 was finishing (waiting for every rank)"),
+        [
+            ") vanished while rank 0 was finishing (waiting for every rank)",
+            ") vanished while rank 0 was in its own code between collectives",
+        ]
+        .iter()
+        .any(|phase| stderr.contains(phase)),
         "{stderr}"
     );
     assert!(
