@@ -424,6 +424,77 @@ fn a_node_cut_in_a_collective(lost: usize, bin: &Path) -> Duration {
     took
 }
 
+/// A node cut at the rendezvous: ranks 2 and 3 on node1 have joined rank 0's store (on node0)
+/// and wait with it for rank 1, which never starts; then node1's cable is cut. The store hears
+/// nothing more from them, not even the heartbeat's answers, and rank 0 ends within the bound,
+/// naming node1 and what it was doing. (A node cut before any rank of it joined is a node that
+/// never came: it is found at `--timeout`, as torchrun's rendezvous finds it at its join
+/// timeout.) The ranks are started as a launcher starts them, by their environment.
+fn a_node_cut_at_the_rendezvous(bin: &Path) -> Duration {
+    let rank = |rank: usize| {
+        let node = format!("node{}", rank / 2);
+        let mut c = Command::new("bash");
+        c.arg(cluster_sh())
+            .args([
+                "exec",
+                &node,
+                "env",
+                &format!("RANK={rank}"),
+                "WORLD_SIZE=4",
+            ])
+            .args([
+                format!("LOCAL_RANK={}", rank % 2),
+                "LOCAL_WORLD_SIZE=2".into(),
+            ])
+            .args(["MASTER_ADDR=10.0.0.1", "MASTER_PORT=29540"])
+            .arg(bin.join("comm-bench"))
+            .args(["--backend", "cpu", "-b", "1M", "-e", "1M", "-n", "10"])
+            .args(["--collectives", "all_reduce", "--timeout", "300"])
+            .current_dir(REPO)
+            .plainly();
+        start(&mut c)
+    };
+    let waiting = rank(0);
+    let started = Instant::now();
+    while !waiting.stdout_so_far().contains("backend: cpu") {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "rank 0 never started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let joined = [rank(2), rank(3)];
+    // Long enough to join on a busy machine; rank 0 waits at the rendezvous for rank 1 meanwhile.
+    std::thread::sleep(Duration::from_secs(4));
+    cluster(&["cut", "node1"]).assert_success("cut node1");
+    let cut_at = Instant::now();
+    let seen = waiting.finish(HEARTBEAT_BOUND + MARGIN + Duration::from_secs(30));
+    let took = cut_at.elapsed();
+    cluster(&["mend", "node1"]).assert_success("mend node1");
+    for gone in joined {
+        let gone = gone.finish(Duration::from_secs(90));
+        assert_ne!(gone.status.code(), Some(0), "{}", gone.stderr);
+    }
+    eprintln!(
+        "node1 cut at the rendezvous: rank 0 ended after {took:?}:\n{}",
+        seen.stderr
+    );
+    assert_ne!(seen.status.code(), Some(0), "{}", seen.stderr);
+    assert!(
+        took < HEARTBEAT_BOUND + MARGIN,
+        "took {took:?}:\n{}",
+        seen.stderr
+    );
+    assert!(seen.stderr.contains("on node1)"), "{}", seen.stderr);
+    assert!(
+        seen.stderr.contains("went silent while rank 0 was"),
+        "{}",
+        seen.stderr
+    );
+    assert!(!seen.stderr.contains("panicked"), "{}", seen.stderr);
+    took
+}
+
 /// A slow link is not a silent one: node1's cable at 1 Mbit/s, a 4 MB all-reduce across it
 /// (messages of 2 MB, 17 s each to cross, longer than the heartbeat's bound) finishes and is
 /// right; then the cable's rate is the box's again.
@@ -640,7 +711,11 @@ fn the_course_runs_across_a_cluster_in_a_box() {
         tp_layouts(&bin);
         let node1_lost = a_node_cut_in_a_collective(1, &bin);
         let node0_lost = a_node_cut_in_a_collective(0, &bin);
-        eprintln!("a lost node found in {node1_lost:?}, the store's node in {node0_lost:?}");
+        let at_the_rendezvous = a_node_cut_at_the_rendezvous(&bin);
+        eprintln!(
+            "a lost node found in {node1_lost:?}, the store's node in {node0_lost:?}, a node \
+             lost at the rendezvous in {at_the_rendezvous:?}"
+        );
         a_slow_link_is_not_a_lost_node(&bin);
         if Command::new("sh")
             .args(["-c", "command -v slurmctld"])
