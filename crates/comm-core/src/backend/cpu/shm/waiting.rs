@@ -93,22 +93,14 @@ impl Waiter<'_> {
                 continue;
             }
             self.ctx.check()?;
-            if let Some(e) = astray() {
-                // Before the links: a peer in another call may have failed on it and exited. As
-                // with a closed link (below), the peer may be ahead because this wait is over.
-                if ready() {
-                    return Ok(());
-                }
-                return Err(self.ctx.fail(e));
-            }
-            match look_at_links(watch, |peer| self.tcp.peer_closed(peer), &mut ready) {
-                Links::Open => {}
-                Links::ClosedAfterReady => return Ok(()),
-                Links::Closed(peer, doing) => {
-                    let rank = self.ctx.rank();
-                    let e = CommError::PeerClosed { rank, peer, doing };
-                    return Err(self.ctx.fail(e));
-                }
+            // A peer in another call first: it may have failed on it and exited.
+            let found = astray().or_else(|| {
+                let (peer, doing) = *watch.iter().find(|&&(p, _)| self.tcp.peer_closed(p))?;
+                let rank = self.ctx.rank();
+                Some(CommError::PeerClosed { rank, peer, doing })
+            });
+            if let Some(settled) = look_again(found, &mut ready) {
+                return settled.map_err(|e| self.ctx.fail(e));
             }
             let Some(nap) = deadline.wait_at_most(NAP) else {
                 return Err(self.ctx.fail(timed_out()));
@@ -129,33 +121,19 @@ impl Waiter<'_> {
     }
 }
 
-/// What a waiting rank's look at its watched peers' links found.
-#[derive(Debug, PartialEq, Eq)]
-enum Links {
-    /// None closed: wait on.
-    Open,
-    /// One closed, but the wait's condition holds when looked at again: that peer did its part
-    /// and then exited.
-    ClosedAfterReady,
-    /// This peer's link closed before its part came (`doing` it): it died or failed.
-    Closed(usize, &'static str),
-}
-
-/// Looks at the links of `watch` (`closed`), and at `ready()` again where one has closed. A
-/// peer that did its part and then exited closes its link after its last write to shared
-/// memory: the last barrier of a job, passed by a fast rank that then ends while a slow one,
-/// between its look at the barrier and its look at the links, has not seen it pass. The second
-/// look tells that peer from one that died mid-call.
-fn look_at_links(
-    watch: &[(usize, &'static str)],
-    closed: impl Fn(usize) -> bool,
+/// What a wait does once its look at the peers `found` a sign of trouble (a closed link, a
+/// peer in another call): `None` where there is none (wait on); else it looks at `ready()` once
+/// more, and a wait that is over is no failure. A peer that did its part closes its link, or
+/// posts its next call, after its last write to shared memory: the last barrier of a job,
+/// passed by a fast rank that then exits while a slow one, between its look at the barrier and
+/// its look at the peers, has not seen it pass. The second look tells that peer from one that
+/// died or went astray mid-call.
+fn look_again(
+    found: Option<CommError>,
     ready: &mut impl FnMut() -> bool,
-) -> Links {
-    match watch.iter().find(|&&(peer, _)| closed(peer)) {
-        None => Links::Open,
-        Some(_) if ready() => Links::ClosedAfterReady,
-        Some(&(peer, doing)) => Links::Closed(peer, doing),
-    }
+) -> Option<std::result::Result<(), CommError>> {
+    let e = found?;
+    Some(if ready() { Ok(()) } else { Err(e) })
 }
 
 #[cfg(test)]
@@ -164,17 +142,24 @@ mod tests {
 
     #[test]
     fn a_peer_that_finished_and_exited_is_not_a_failure() {
-        let watch = [(1, "waiting for"), (3, "receiving from")];
-        let rank_3_closed = |peer| peer == 3;
+        let closed = || CommError::PeerClosed {
+            rank: 0,
+            peer: 3,
+            doing: "receiving from",
+        };
         // Rank 3 exited after the write this rank waits for.
-        let found = look_at_links(&watch, rank_3_closed, &mut || true);
-        assert_eq!(found, Links::ClosedAfterReady);
+        assert!(matches!(
+            look_again(Some(closed()), &mut || true),
+            Some(Ok(()))
+        ));
         // Still not ready once its link is seen closed: it died before its part.
-        let found = look_at_links(&watch, rank_3_closed, &mut || false);
-        assert_eq!(found, Links::Closed(3, "receiving from"));
-        // No link closed: wait on, without another look at the condition.
-        let found = look_at_links(&watch, |_| false, &mut || panic!("looked"));
-        assert_eq!(found, Links::Open);
+        let failed = look_again(Some(closed()), &mut || false);
+        assert!(matches!(
+            failed,
+            Some(Err(CommError::PeerClosed { peer: 3, .. }))
+        ));
+        // Nothing found: wait on, without another look at the condition.
+        assert!(look_again(None, &mut || panic!("looked")).is_none());
     }
 
     #[test]
