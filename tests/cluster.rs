@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use test_support::build::the_one_build;
 use test_support::picture::book_picture_has_the_shape_of;
-use test_support::process::{on_path, run_together, scratch, start, Finished, Plainly};
+use test_support::process::{on_path, run_together, scratch, start, Finished, Plainly, Running};
 use test_support::torch;
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
@@ -361,13 +361,37 @@ fn endless_all_reduce(node: usize) -> String {
 const HEARTBEAT_BOUND: Duration = Duration::from_secs(15);
 const MARGIN: Duration = Duration::from_secs(20);
 
+/// Cuts node `node`'s cable (the chapter's line), waits for `watching` (a job on the other
+/// node) to end, then mends it: what `watching` printed and how long after the cut it ended,
+/// which must be within the heartbeat's bound, non-zero and without a panic.
+fn cut_and_watch(node: usize, watching: Running, bin: &Path) -> (Finished, Duration) {
+    let cut = format!("scripts/cluster.sh cut node{node}");
+    as_written(&cut, "", bin).output().unwrap();
+    let cut_at = Instant::now();
+    let seen = watching.finish(HEARTBEAT_BOUND + MARGIN + Duration::from_secs(30));
+    let took = cut_at.elapsed();
+    let mend = format!("scripts/cluster.sh mend node{node}");
+    as_written(&mend, "", bin).output().unwrap();
+    eprintln!(
+        "node{node} cut: the job watching ended after {took:?}:\n{}",
+        seen.stderr
+    );
+    assert_ne!(seen.status.code(), Some(0), "{}", seen.stderr);
+    assert!(
+        took < HEARTBEAT_BOUND + MARGIN,
+        "node{node} cut: noticed after {took:?}:\n{}",
+        seen.stderr
+    );
+    assert!(!seen.stderr.contains("panicked"), "{}", seen.stderr);
+    (seen, took)
+}
+
 /// Both nodes run the endless all-reduce; once node0's rank 0 prints its header (the ranks have
 /// met, the collective starts), `lost`'s cable is cut (no FIN, no RST: the kernel drops every
 /// packet). The other node's ranks must end within the heartbeat's bound, non-zero, naming the
 /// lost node and what they were doing; then the cable is mended and the lost node's ranks end
 /// too. Returns how long the other node took.
 fn a_node_cut_in_a_collective(lost: usize, bin: &Path) -> Duration {
-    let other = 1 - lost;
     let mut running: Vec<_> = (0..2)
         .map(|n| start(&mut as_written(&endless_all_reduce(n), "", bin)))
         .collect();
@@ -382,28 +406,10 @@ fn a_node_cut_in_a_collective(lost: usize, bin: &Path) -> Duration {
     }
     // A few all-reduces in: the links are open and data crosses the cable.
     std::thread::sleep(Duration::from_secs(3));
-    let cut = format!("scripts/cluster.sh cut node{lost}");
-    let mend = format!("scripts/cluster.sh mend node{lost}");
-    as_written(&cut, "", bin).output().unwrap();
-    let cut_at = Instant::now();
     let lost_job = running.remove(lost);
-    let seen = running
-        .remove(0)
-        .finish(HEARTBEAT_BOUND + MARGIN + Duration::from_secs(30));
-    let took = cut_at.elapsed();
-    as_written(&mend, "", bin).output().unwrap();
+    let (seen, took) = cut_and_watch(lost, running.remove(0), bin);
     let gone = lost_job.finish(Duration::from_secs(90));
-    eprintln!(
-        "node{lost} cut: node{other}'s job ended after {took:?}:\n{}",
-        seen.stderr
-    );
-    assert_ne!(seen.status.code(), Some(0), "{}", seen.stderr);
     assert_ne!(gone.status.code(), Some(0), "{}", gone.stderr);
-    assert!(
-        took < HEARTBEAT_BOUND + MARGIN,
-        "node{other} took {took:?} to notice node{lost}:\n{}",
-        seen.stderr
-    );
     let names = [format!("node{lost}"), format!("10.0.0.{}", lost + 1)];
     assert!(
         names.iter().any(|n| seen.stderr.contains(n.as_str())),
@@ -420,7 +426,6 @@ fn a_node_cut_in_a_collective(lost: usize, bin: &Path) -> Duration {
         "the phase: {}",
         seen.stderr
     );
-    assert!(!seen.stderr.contains("panicked"), "{}", seen.stderr);
     took
 }
 
@@ -466,32 +471,17 @@ fn a_node_cut_at_the_rendezvous(bin: &Path) -> Duration {
     let joined = [rank(2), rank(3)];
     // Long enough to join on a busy machine; rank 0 waits at the rendezvous for rank 1 meanwhile.
     std::thread::sleep(Duration::from_secs(4));
-    cluster(&["cut", "node1"]).assert_success("cut node1");
-    let cut_at = Instant::now();
-    let seen = waiting.finish(HEARTBEAT_BOUND + MARGIN + Duration::from_secs(30));
-    let took = cut_at.elapsed();
-    cluster(&["mend", "node1"]).assert_success("mend node1");
+    let (seen, took) = cut_and_watch(1, waiting, bin);
     for gone in joined {
         let gone = gone.finish(Duration::from_secs(90));
         assert_ne!(gone.status.code(), Some(0), "{}", gone.stderr);
     }
-    eprintln!(
-        "node1 cut at the rendezvous: rank 0 ended after {took:?}:\n{}",
-        seen.stderr
-    );
-    assert_ne!(seen.status.code(), Some(0), "{}", seen.stderr);
-    assert!(
-        took < HEARTBEAT_BOUND + MARGIN,
-        "took {took:?}:\n{}",
-        seen.stderr
-    );
     assert!(seen.stderr.contains("on node1)"), "{}", seen.stderr);
     assert!(
         seen.stderr.contains("went silent while rank 0 was"),
         "{}",
         seen.stderr
     );
-    assert!(!seen.stderr.contains("panicked"), "{}", seen.stderr);
     took
 }
 
