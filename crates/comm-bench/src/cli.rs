@@ -127,8 +127,9 @@ pub struct StoreLoadArgs {
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub threads: usize,
 
-    /// Rounds per store and rank count; the best is reported.
-    #[arg(long, value_name = "N", default_value_t = 2)]
+    /// Rounds per store and rank count, alternating between the stores; each store's best is
+    /// reported.
+    #[arg(long, value_name = "N", default_value_t = 3)]
     pub rounds: usize,
 
     /// The python with torch [default: the torch environment's, ~/.cache/nccl-workshop/torch-venv].

@@ -552,40 +552,88 @@ pub fn run(args: &crate::cli::StoreLoadArgs) -> Result<(), BenchError> {
         "ranks", "store", "time (s)", "server CPU s", "server MiB"
     );
     for &ranks in &args.ranks {
-        let mut ours = None;
-        for &server in servers {
-            let mut best: Option<Measured> = None;
-            for _ in 0..args.rounds.max(1) {
-                let m = measure(server, ranks, args.threads, &python, timeout)?;
-                if best.as_ref().is_none_or(|b| m.elapsed < b.elapsed) {
-                    best = Some(m);
-                }
+        // Rounds alternate between the stores, so that a machine growing busier or quieter
+        // weighs on both alike; each store's best round is reported. A round that fails is
+        // counted and said; ours failing every round fails the run, torch's is only reported.
+        let mut rounds: Vec<Rounds> = servers.iter().map(|&s| Rounds::new(s)).collect();
+        for _ in 0..args.rounds.max(1) {
+            for store in rounds.iter_mut() {
+                store.add(measure(store.server, ranks, args.threads, &python, timeout));
             }
-            let m = best.expect("at least one round");
-            let ratio = match (server, &ours) {
-                (Server::Torch, Some(o)) => {
-                    let o: &Measured = o;
-                    format!(
-                        "{:.2}x the time",
-                        o.elapsed.as_secs_f64() / m.elapsed.as_secs_f64()
-                    )
-                }
+        }
+        let ours = rounds
+            .iter()
+            .find(|r| r.server == Server::Ours)
+            .and_then(|r| r.best.as_ref());
+        for store in &rounds {
+            let Some(m) = &store.best else {
+                println!(
+                    "{:>6}  {:<6} every round failed: {}",
+                    ranks,
+                    store.server.name(),
+                    store.failed.last().map_or("", String::as_str)
+                );
+                continue;
+            };
+            let ratio = match (m.server, ours) {
+                (Server::Torch, Some(o)) => format!(
+                    "{:.2}x the time",
+                    o.elapsed.as_secs_f64() / m.elapsed.as_secs_f64()
+                ),
                 _ => String::new(),
             };
+            let failures = match store.failed.last() {
+                Some(why) => format!(
+                    "  ({} of {} rounds failed: {why})",
+                    store.failed.len(),
+                    args.rounds.max(1)
+                ),
+                None => String::new(),
+            };
             println!(
-                "{:>6}  {:<6} {:>10.3} {:>12.3} {:>12.1}  {ratio}",
+                "{:>6}  {:<6} {:>10.3} {:>12.3} {:>12.1}  {ratio}{failures}",
                 ranks,
-                server.name(),
+                m.server.name(),
                 m.elapsed.as_secs_f64(),
                 m.server_cpu.as_secs_f64(),
                 m.server_peak_kib as f64 / 1024.0
             );
-            if server == Server::Ours {
-                ours = Some(m);
+        }
+        if let Some(ours) = rounds.iter().find(|r| r.server == Server::Ours) {
+            if ours.best.is_none() {
+                let why = ours.failed.last().cloned().unwrap_or_default();
+                return Err(BenchError::Store(why));
             }
         }
     }
     Ok(())
+}
+
+/// One store's rounds at one rank count: its best, and why the failed ones failed.
+struct Rounds {
+    server: Server,
+    best: Option<Measured>,
+    failed: Vec<String>,
+}
+
+impl Rounds {
+    fn new(server: Server) -> Rounds {
+        Rounds {
+            server,
+            best: None,
+            failed: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, round: Result<Measured, BenchError>) {
+        match round {
+            Ok(m) if self.best.as_ref().is_none_or(|b| m.elapsed < b.elapsed) => {
+                self.best = Some(m)
+            }
+            Ok(_) => {}
+            Err(e) => self.failed.push(e.to_string()),
+        }
+    }
 }
 
 /// The torch environment's python (scripts/torch-env.sh's folder).

@@ -12,7 +12,6 @@
 //! arrives, and a peer busy computing still answers probes from its kernel. A stopped process
 //! (SIGSTOP) answers them too: that one is found by the call's deadline, as before.
 
-use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
@@ -55,11 +54,12 @@ impl Heartbeat {
         )
     }
 
-    /// Asks the kernel to probe `stream` when it is quiet and to fail it once the peer has
+    /// Asks the kernel to probe `socket` when it is quiet and to fail it once the peer has
     /// been silent for [`Heartbeat::silence`], whether this side waits to read or has data
-    /// unacknowledged.
-    pub fn apply(&self, stream: &TcpStream) -> std::io::Result<()> {
-        let fd = stream.as_raw_fd();
+    /// unacknowledged. Set on a listener, every connection it accepts starts with them (Linux
+    /// copies a listener's TCP options into each accepted socket).
+    pub fn apply(&self, socket: &impl AsRawFd) -> std::io::Result<()> {
+        let fd = socket.as_raw_fd();
         let seconds = self.interval.as_secs().clamp(1, MAX_KEEPALIVE_SECONDS) as libc::c_int;
         let misses = self.misses.clamp(1, MAX_KEEPALIVE_PROBES) as libc::c_int;
         let millis = self.silence().as_millis().min(libc::c_uint::MAX as u128) as libc::c_uint;
@@ -115,7 +115,7 @@ fn set<T>(fd: libc::c_int, level: libc::c_int, name: libc::c_int, value: T) -> s
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpListener;
+    use std::net::{TcpListener, TcpStream};
 
     /// Reads back an integer socket option.
     fn get(stream: &TcpStream, level: libc::c_int, name: libc::c_int) -> libc::c_int {
@@ -155,5 +155,27 @@ mod tests {
             libc::ETIMEDOUT
         )));
         assert!(!went_silent(&std::io::ErrorKind::TimedOut.into()));
+    }
+
+    /// The store's server sets the heartbeat once, on its listener, and counts on every
+    /// accepted connection inheriting it.
+    #[test]
+    fn a_listeners_heartbeat_carries_over_to_the_connections_it_accepts() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let beat = Heartbeat {
+            interval: Duration::from_secs(2),
+            misses: 4,
+        };
+        beat.apply(&listener).unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        assert_eq!(get(&accepted, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+        assert_eq!(get(&accepted, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 2);
+        assert_eq!(get(&accepted, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL), 2);
+        assert_eq!(get(&accepted, libc::IPPROTO_TCP, libc::TCP_KEEPCNT), 4);
+        assert_eq!(
+            get(&accepted, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT),
+            8_000
+        );
     }
 }
