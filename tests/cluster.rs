@@ -3,7 +3,8 @@
 //! multi-node commands as written on them (seed 000's two shells, seed 003's two torchruns,
 //! commrun on both nodes), a sweep across the link whose model finds the link's rate, the
 //! prediction for the box beside it, a node whose cable is cut in the middle of an all-reduce
-//! (found by the heartbeat, not the timeout; then the store's own node), a slow link that is not
+//! (found by the heartbeat, not the timeout; then the store's own node; then at the rendezvous,
+//! after its ranks joined and while they are still starting), a slow link that is not
 //! taken for a lost node, and a Slurm across both nodes (sbatch and salloc/srun from this
 //! machine, the login node); then `down`, and nothing left.
 //!
@@ -485,6 +486,77 @@ fn a_node_cut_at_the_rendezvous(bin: &Path) -> Duration {
     took
 }
 
+/// A node cut while its ranks start, before any of them joined (a slow start: a program that
+/// imports a large library first): node1's commrun holds its place at the store meanwhile
+/// (comm-core's `store::presence`). Its cable cut, node0's ranks end within the heartbeat's
+/// bound naming node 1, and node1's commrun stops its workers, having lost the store. Both are
+/// started as the chapter starts commrun, with workers on node1 that never join.
+fn a_node_cut_while_its_ranks_start(bin: &Path) -> Duration {
+    let commrun = |node: usize, program: &[&str]| {
+        let mut c = Command::new("bash");
+        c.arg(cluster_sh())
+            .args(["exec", &format!("node{node}")])
+            .arg(bin.join("commrun"))
+            .args(["--nnodes", "2", "--node-rank", &node.to_string()])
+            .args(["--nproc-per-node", "2", "--master-addr", "10.0.0.1"])
+            .args(["--master-port", "29560"])
+            .args(program)
+            .current_dir(REPO)
+            .plainly();
+        start(&mut c)
+    };
+    let comm_bench = bin.join("comm-bench").display().to_string();
+    let waiting = commrun(
+        0,
+        &[
+            &comm_bench,
+            "--backend",
+            "cpu",
+            "-b",
+            "1M",
+            "-e",
+            "1M",
+            "-n",
+            "10",
+        ],
+    );
+    let started = Instant::now();
+    while !waiting.stdout_so_far().contains("backend: cpu") {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "node0's ranks never started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let slow = commrun(1, &["bash", "-c", "sleep 600"]);
+    // Long enough for node1's commrun to reach the store on a busy machine.
+    std::thread::sleep(Duration::from_secs(4));
+    let cut_at = Instant::now();
+    let (seen, took) = cut_and_watch(1, waiting, bin);
+    assert!(
+        seen.stderr.contains("node 1 (its commrun")
+            && seen.stderr.contains("none of its ranks had joined"),
+        "{}",
+        seen.stderr
+    );
+    let lost = slow.finish(Duration::from_secs(60));
+    let lost_took = cut_at.elapsed();
+    eprintln!(
+        "node1's commrun ended {lost_took:?} after the cut:\n{}",
+        lost.stderr
+    );
+    assert_eq!(lost.status.code(), Some(1), "{}", lost.stderr);
+    assert!(
+        lost.stderr
+            .contains("the rendezvous store at 10.0.0.1:29560 (node 0)"),
+        "{}",
+        lost.stderr
+    );
+    assert!(lost_took < HEARTBEAT_BOUND + MARGIN, "{lost_took:?}");
+    assert!(!lost.stderr.contains("panicked"), "{}", lost.stderr);
+    took
+}
+
 /// A slow link is not a silent one: node1's cable at 1 Mbit/s, a 4 MB all-reduce across it
 /// (messages of 2 MB, 17 s each to cross, longer than the heartbeat's bound) finishes and is
 /// right; then the cable's rate is the box's again.
@@ -702,9 +774,11 @@ fn the_course_runs_across_a_cluster_in_a_box() {
         let node1_lost = a_node_cut_in_a_collective(1, &bin);
         let node0_lost = a_node_cut_in_a_collective(0, &bin);
         let at_the_rendezvous = a_node_cut_at_the_rendezvous(&bin);
+        let while_starting = a_node_cut_while_its_ranks_start(&bin);
         eprintln!(
             "a lost node found in {node1_lost:?}, the store's node in {node0_lost:?}, a node \
-             lost at the rendezvous in {at_the_rendezvous:?}"
+             lost at the rendezvous in {at_the_rendezvous:?}, one lost while its ranks started \
+             in {while_starting:?}"
         );
         a_slow_link_is_not_a_lost_node(&bin);
         if Command::new("sh")

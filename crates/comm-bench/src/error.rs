@@ -174,6 +174,7 @@ fn ranks_failed(outcome: &Outcome) -> String {
             f.describe(),
             f.others()
         ),
+        Outcome::Stopped(reason) => format!("{reason}; the ranks were stopped"),
         _ => "interrupted: the ranks were stopped".into(),
     }
 }

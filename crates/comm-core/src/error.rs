@@ -295,6 +295,30 @@ pub enum CommError {
         silence: Duration,
     },
 
+    /// Node `node`'s launcher went silent before any of its ranks had joined: the store's
+    /// server heard nothing from it for `silence` (our own store only).
+    #[error(
+        "node {node} ({claim}) went silent while rank {rank} was {phase}: the store heard \
+         nothing from it for {silence:?}, not even an answer to the heartbeat, and none of its \
+         ranks had joined yet (the node is down, or cut off from the store's network; the \
+         store's --heartbeat and --heartbeat-misses set how soon this is said)"
+    )]
+    NodeSilent {
+        /// The rank that stops.
+        rank: usize,
+        /// The node that went silent.
+        node: usize,
+        /// Its first rank, the one a launcher's summary blames.
+        first_rank: usize,
+        /// Who held the node's claim: "its commrun, pid <pid> at <address> on <host>; ranks
+        /// <a>-<b>".
+        claim: String,
+        /// What this rank was doing then ([`crate::phase`]).
+        phase: String,
+        /// How long the store heard nothing from it.
+        silence: Duration,
+    },
+
     /// Rank `rank` refused a connection to its peer port from `from`: it came from another run
     /// (`their_run` differs from `our_run`), from a job of another size, or claimed a rank that
     /// is already connected or cannot connect to this one. Another job is most likely using the
@@ -440,6 +464,7 @@ impl CommError {
             CommError::RankVanished { gone, .. } | CommError::RankSilent { gone, .. } => {
                 Some(*gone)
             }
+            CommError::NodeSilent { first_rank, .. } => Some(*first_rank),
             CommError::StoreUnreachable { .. }
             | CommError::StoreLost { .. }
             | CommError::StoreSilent { .. } => Some(STORE_RANK),
@@ -488,6 +513,7 @@ impl CommError {
             CommError::JobAborted { .. } => "job_aborted",
             CommError::RankVanished { .. } => "rank_vanished",
             CommError::RankSilent { .. } => "rank_silent",
+            CommError::NodeSilent { .. } => "node_silent",
             CommError::Peer(_) => "peer",
             CommError::Backend(_) => "backend",
         }

@@ -207,6 +207,7 @@ impl Job {
                 | CommError::JobAborted { .. }
                 | CommError::RankVanished { .. }
                 | CommError::RankSilent { .. }
+                | CommError::NodeSilent { .. }
         );
         if store_gone {
             return;

@@ -281,6 +281,10 @@ fn spawn_ranks(settings: &Settings) -> i32 {
             eprintln!("interrupted: the ranks were stopped");
             outcome.exit_code()
         }
+        Ok(Outcome::Stopped(reason)) => {
+            eprintln!("error: {reason}; the ranks were stopped");
+            1
+        }
         Err(e) => {
             eprintln!("error: {e}");
             e.exit_code()

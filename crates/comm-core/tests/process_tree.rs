@@ -14,6 +14,7 @@ use test_support::process::{assert_all_gone, scratch, start, wait_for_pids_in, P
 
 const ROLE: &str = "PROCESS_TREE_ROLE";
 const SCRIPT: &str = "PROCESS_TREE_SCRIPT";
+const STOP_AFTER: &str = "PROCESS_TREE_STOP_AFTER_MS";
 
 /// The parent: runs `sh -c $PROCESS_TREE_SCRIPT` on 2 ranks (1 for the line test), prints how
 /// it ended, the summary's stderr tail size and its own peak memory.
@@ -32,7 +33,24 @@ fn as_parent() -> ! {
         grace: Duration::from_secs(2),
         run_id: None,
     };
-    let outcome = spawn::run(&plan).unwrap();
+    // A launcher that stops the ranks itself, after STOP_AFTER milliseconds.
+    let stop = std::env::var(STOP_AFTER).ok().map(|ms| {
+        let (send, reasons) = crossbeam_channel::bounded(1);
+        let ms: u64 = ms.parse().unwrap();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(ms));
+            send.send("the launcher's reason".to_string()).unwrap();
+        });
+        reasons
+    });
+    let extras = spawn::Extras {
+        stop,
+        ..Default::default()
+    };
+    let outcome = spawn::run_with(&plan, &extras).unwrap();
+    if let Outcome::Stopped(reason) = &outcome {
+        println!("OUTCOME stopped: {reason}");
+    }
     if let Outcome::Failed(f) = &outcome {
         let tail: usize = f.last_stderr.iter().map(String::len).sum();
         println!("OUTCOME failed rank={} tail_bytes={tail}", f.rank);
@@ -89,6 +107,29 @@ fn a_failing_rank_takes_its_grandchildren_along() {
         "failing rank with grandchildren: done in {:?}",
         started.elapsed()
     );
+}
+
+/// A launcher may stop the ranks for a reason of its own (commrun does when the store's node
+/// went silent while its ranks were starting): they and their children are gone within the
+/// grace, and the launch ends as stopped, with that reason and exit code 1.
+#[test]
+fn a_launcher_stops_its_ranks_for_its_own_reason() {
+    role();
+    let dir = scratch("tree-stop");
+    let d = dir.display();
+    let script = format!("sleep 1000 & echo $! > {d}/$RANK; echo $$ > {d}/w$RANK; wait");
+    let mut job = parent("a_launcher_stops_its_ranks_for_its_own_reason", 2, &script);
+    let job = start(job.env(STOP_AFTER, "1000"));
+    let pids = wait_for_pids_in(&dir, &["0", "1", "w0", "w1"], Duration::from_secs(30));
+    let done = job.finish(Duration::from_secs(30));
+    assert_eq!(done.code_or_signal(), 1, "{}\n{}", done.stdout, done.stderr);
+    assert!(
+        done.stdout
+            .contains("OUTCOME stopped: the launcher's reason"),
+        "{}",
+        done.stdout
+    );
+    assert_all_gone(&pids);
 }
 
 #[test]

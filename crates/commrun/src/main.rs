@@ -6,13 +6,15 @@
 //!
 //! The launching itself is comm-core's [`comm_core::spawn`], the same code an example uses when
 //! it starts its own ranks: commrun adds the command line, the checks, restarts
-//! (`--max-restarts`), log files (`--log-dir`, `--redirects`, `--tee`, `--local-ranks-filter`)
-//! and the root-cause summary.
+//! (`--max-restarts`), log files (`--log-dir`, `--redirects`, `--tee`, `--local-ranks-filter`),
+//! the root-cause summary, and, on every node but node 0, its presence at the store while the
+//! workers start (`presence.rs`, torchrun's agent heartbeat).
 
 mod cli;
 mod error;
 mod logs;
 mod plan;
+mod presence;
 mod restart;
 mod summary;
 
@@ -69,11 +71,24 @@ fn launch(cli: &cli::Cli) -> Result<i32, error::LaunchError> {
         plan.nproc_per_node,
         plan.run_id.as_deref(),
     )?;
-    match restart::run(plan, resolved.max_restarts, &logs)? {
+    // Until this node's workers have joined, commrun holds the node's place at the store.
+    let presence = presence::start(plan);
+    let stop = presence.as_ref().map(|p| &p.reasons);
+    match restart::run(plan, resolved.max_restarts, &logs, stop)? {
         Outcome::Success => Ok(0),
         Outcome::Failed(failure) => {
             eprintln!("{}", summary::root_cause(&failure, plan, &host));
             Ok(failure.exit_code())
+        }
+        outcome @ Outcome::Stopped(_) => {
+            if let Outcome::Stopped(reason) = &outcome {
+                eprintln!(
+                    "commrun: error: {reason}; stopped this node's workers (SIGTERM, then \
+                     SIGKILL after {:?})",
+                    plan.grace
+                );
+            }
+            Ok(outcome.exit_code())
         }
         outcome @ Outcome::Interrupted(sig) => {
             eprintln!(

@@ -6,6 +6,7 @@
 
 use comm_core::spawn::{self, Extras, Outcome, SpawnPlan};
 use comm_core::topology::RESTART_COUNT_VAR;
+use crossbeam_channel::Receiver;
 
 use crate::error::LaunchError;
 use crate::logs::RunLogs;
@@ -15,7 +16,12 @@ pub const MAX_RESTARTS_VAR: &str = "TORCHELASTIC_MAX_RESTARTS";
 
 /// Starts the worker group, and again after each failure while restarts are left. Returns how
 /// the last start ended.
-pub fn run(plan: &SpawnPlan, max_restarts: u32, logs: &RunLogs) -> Result<Outcome, LaunchError> {
+pub fn run(
+    plan: &SpawnPlan,
+    max_restarts: u32,
+    logs: &RunLogs,
+    stop: Option<&Receiver<String>>,
+) -> Result<Outcome, LaunchError> {
     let mut attempt = 0;
     loop {
         let extras = Extras {
@@ -24,6 +30,7 @@ pub fn run(plan: &SpawnPlan, max_restarts: u32, logs: &RunLogs) -> Result<Outcom
                 (MAX_RESTARTS_VAR.into(), max_restarts.to_string()),
             ],
             outputs: logs.attempt(attempt)?,
+            stop: stop.cloned(),
         };
         let outcome = spawn::run_with(plan, &extras)?;
         let Outcome::Failed(failure) = &outcome else {

@@ -231,6 +231,7 @@ fn run_job(
                 stderr: route(format!("err.{r}")),
             })
             .collect(),
+        stop: None,
     };
     let outcome = launch::start_ranks_with(&settings, &args, &extras);
     let found = report::read(dir);

@@ -57,6 +57,8 @@ pub enum Outcome {
     Failed(Failure),
     /// A signal (Ctrl-C) came from outside and was passed on.
     Interrupted(i32),
+    /// The launcher stopped the ranks, for this reason ([`Extras::stop`]).
+    Stopped(String),
 }
 
 impl Outcome {
@@ -66,6 +68,7 @@ impl Outcome {
             Outcome::Success => 0,
             Outcome::Failed(f) => f.exit_code(),
             Outcome::Interrupted(sig) => 128 + sig,
+            Outcome::Stopped(_) => 1,
         }
     }
 }
@@ -86,7 +89,7 @@ pub fn run_with(plan: &SpawnPlan, extras: &Extras) -> Result<Outcome> {
     signals::catch_signals();
     let records = ErrorDir::create();
     let started = start_ranks(plan, extras, world_size, records.as_ref())?;
-    let outcome = supervise(plan, &started, records.as_ref());
+    let outcome = supervise(plan, &started, records.as_ref(), extras.stop.as_ref());
     // The ranks are zombies still: their groups' ids are ours, leftovers and all.
     signals::reap(&started.pids);
     drop(started.release);
@@ -215,7 +218,12 @@ struct Supervision {
 
 /// Waits for the ranks to exit. The first failure picks the root cause and stops the others; a
 /// signal from outside is passed on; ranks told to stop get SIGKILL after the plan's grace.
-fn supervise(plan: &SpawnPlan, started: &Started, records: Option<&ErrorDir>) -> Result<Outcome> {
+fn supervise(
+    plan: &SpawnPlan,
+    started: &Started,
+    records: Option<&ErrorDir>,
+    stop: Option<&crossbeam_channel::Receiver<String>>,
+) -> Result<Outcome> {
     let mut state = Supervision {
         running: vec![true; plan.nproc_per_node],
         outcome: Outcome::Success,
@@ -232,6 +240,9 @@ fn supervise(plan: &SpawnPlan, started: &Started, records: Option<&ErrorDir>) ->
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
         }
         state.pass_on_signal(plan, &started.pids);
+        if let Some(reason) = stop.and_then(|s| s.try_recv().ok()) {
+            state.stop(plan, &started.pids, reason);
+        }
         state.escalate(&started.pids);
     }
     Ok(state.outcome)
@@ -270,7 +281,7 @@ impl Supervision {
                 signals::stop(&started.pids, &self.running, libc::SIGTERM);
                 self.kill_at = Some(Instant::now() + plan.grace);
             }
-            Outcome::Interrupted(_) => {}
+            Outcome::Interrupted(_) | Outcome::Stopped(_) => {}
         }
     }
 
@@ -284,6 +295,17 @@ impl Supervision {
             signals::stop(pids, &self.running, sig);
             self.kill_at.get_or_insert(Instant::now() + plan.grace);
         }
+    }
+
+    /// The launcher asked to stop the ranks: unless one failed or a signal came first, the
+    /// launch ends as stopped, for `reason`.
+    fn stop(&mut self, plan: &SpawnPlan, pids: &[u32], reason: String) {
+        if !matches!(self.outcome, Outcome::Success) {
+            return;
+        }
+        self.outcome = Outcome::Stopped(reason);
+        signals::stop(pids, &self.running, libc::SIGTERM);
+        self.kill_at.get_or_insert(Instant::now() + plan.grace);
     }
 
     /// SIGKILL for the ranks still running once the grace after a stop has passed.

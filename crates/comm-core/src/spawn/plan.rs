@@ -94,6 +94,11 @@ pub struct Extras {
     pub env: Vec<(String, String)>,
     /// Where each rank's output goes, by local rank; a rank past the end: the console.
     pub outputs: Vec<RankOutput>,
+    /// A reason sent here stops the ranks (SIGTERM, then SIGKILL after the grace) and ends the
+    /// launch as [`Outcome::Stopped`](super::Outcome::Stopped) with it, unless a rank failed
+    /// first: the launcher heard of trouble that the ranks cannot (commrun: the store's node
+    /// went silent while its ranks were still starting).
+    pub stop: Option<crossbeam_channel::Receiver<String>>,
 }
 
 /// A port that is free right now on this machine, for a job that picks its own.

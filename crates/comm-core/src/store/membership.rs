@@ -9,6 +9,7 @@
 //! | `job/rank/<r>` | `<address> (pid <pid>)` | rank r, as it joins |
 //! | `job/abort` | `<rank>\n<its error>` | the first rank to end the job, or our server for a rank that vanished |
 //! | `job/left/<r>` | empty | rank r, as it leaves knowingly (finished, or failed and said why) |
+//! | `job/node/<n>` | `<address> (pid <pid> on <host>) ranks <a>-<b>` | node n's launcher (commrun), present while its ranks start (`presence.rs`) |
 //! | `job/keys` | one `<rank> <key>` line per `set` | every rank (the index readers outside use) |
 //!
 //! Joining is three COMPARE_SETs, each of which either writes this rank's fact or answers the
@@ -20,10 +21,17 @@
 //!
 //! A rank that vanishes (killed, crashed) tells nobody, but its connections to the store close.
 //! Our server (not torchrun's agent store, whose agent watches its workers itself) remembers
-//! which connection made which rank's claim ([`claimed_rank`]); when one closes and its address
+//! which connection made which rank's claim ([`claimed`]); when one closes and its address
 //! is the claim's, unless that rank said it was leaving
 //! (`job/left/<r>`), writes the abort key for it ([`vanished`]): every rank's watcher hears of it
 //! within milliseconds, in whatever phase it is, as torchrun's agent hears of a dead worker.
+//!
+//! A node's launcher claims its node the same way (`job/node/<n>`, see `presence.rs`), so that a
+//! node whose ranks have not joined yet is not invisible: when that connection goes silent for
+//! the heartbeat's bound and none of the node's ranks has claimed its rank, the server writes
+//! the abort key for the node ([`node_silent`]). Once a rank of the node has joined, its own
+//! connection speaks for the node. A launcher's connection that merely closes is not news: a
+//! launcher that dies takes its ranks with it, and theirs are.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -67,6 +75,15 @@ const SILENT: &str = "silent ";
 pub fn rank_key(rank: usize) -> String {
     format!("job/rank/{rank}")
 }
+
+/// The key node `node`'s launcher claims while its ranks start (`presence.rs`).
+pub fn node_key(node: usize) -> String {
+    format!("job/node/{node}")
+}
+
+/// How an abort written by the server for a silent node starts its reason (after `<rank>\n`),
+/// before `<node> <seconds>s: <claim>`.
+const NODE_SILENT: &str = "node silent ";
 
 /// What our server stores before anyone connects, as (wire key, value).
 pub fn seed(world_size: usize, run_id: Option<&str>) -> Vec<(String, Vec<u8>)> {
@@ -205,6 +222,21 @@ pub(super) fn reason(rank: usize, value: &[u8]) -> CommError {
         let (seconds, claim) = rest.split_once("s: ")?;
         Some((Duration::from_secs(seconds.parse().ok()?), claim))
     });
+    let node_silent = reason.strip_prefix(NODE_SILENT).and_then(|rest| {
+        let (node, rest) = rest.split_once(' ')?;
+        let (seconds, claim) = rest.split_once("s: ")?;
+        Some((node.parse().ok()?, seconds.parse().ok()?, claim))
+    });
+    if let Some((node, seconds, claim)) = node_silent {
+        return CommError::NodeSilent {
+            rank,
+            node,
+            first_rank: by,
+            claim: claim.to_string(),
+            phase: crate::phase::now(),
+            silence: Duration::from_secs(seconds),
+        };
+    }
     if let Some((silence, claim)) = silent {
         return CommError::RankSilent {
             rank,
@@ -229,10 +261,40 @@ pub(super) fn reason(rank: usize, value: &[u8]) -> CommError {
     }
 }
 
-/// The rank whose claim a COMPARE_SET on `key` (a wire key of our server's empty namespace)
-/// makes, if it is one: the server remembers it on the connection that made it.
-pub(super) fn claimed_rank(key: &str) -> Option<usize> {
-    key.strip_prefix(&wire_key("", "job/rank/"))?.parse().ok()
+/// What a connection speaks for, once it claimed it: the server remembers it on the
+/// connection, and its closing or silence may be news.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Claim {
+    /// A rank (`job/rank/<r>`).
+    Rank(usize),
+    /// A node's launcher (`job/node/<n>`).
+    Node(usize),
+}
+
+/// The claim a COMPARE_SET on `key` (a wire key of our server's empty namespace) makes, if it
+/// is one.
+pub(super) fn claimed(key: &str) -> Option<Claim> {
+    if let Some(rank) = key.strip_prefix(&wire_key("", "job/rank/")) {
+        return rank.parse().ok().map(Claim::Rank);
+    }
+    let node = key.strip_prefix(&wire_key("", "job/node/"))?;
+    node.parse().ok().map(Claim::Node)
+}
+
+/// A claim's value, "<address> (pid <pid> on <host>)…", said as "pid <pid> at <address> on
+/// <host>", if it was made from `address` (the claim of a refused duplicate is another's).
+fn claimant(claim: &str, address: &str) -> Option<String> {
+    if claim.split(' ').next() != Some(address) {
+        return None;
+    }
+    let inside = claim
+        .split_once("(pid ")
+        .and_then(|(_, p)| p.split_once(')'))
+        .map_or("", |(p, _)| p);
+    Some(match inside.split_once(" on ") {
+        Some((pid, host)) => format!("pid {pid} at {address} on {host}"),
+        None => format!("pid {inside} at {address}"),
+    })
 }
 
 /// What our server writes when a connection from `peer` that claimed rank `rank` closes
@@ -251,24 +313,41 @@ pub(super) fn vanished(
     if values.contains_key(&abort) || values.contains_key(&wire_key("", &left_key(rank))) {
         return None;
     }
-    let address = peer.to_string();
     let claim = std::str::from_utf8(values.get(&wire_key("", &rank_key(rank)))?).ok()?;
-    if claim.split(' ').next() != Some(address.as_str()) {
-        return None;
-    }
-    // The claim is "<address> (pid <pid> on <host>)": said as "pid <pid> at <address> on <host>".
-    let inside = claim
-        .split_once("(pid ")
-        .map_or("", |(_, p)| p.trim_end_matches(')'));
-    let who = match inside.split_once(" on ") {
-        Some((pid, host)) => format!("pid {pid} at {address} on {host}"),
-        None => format!("pid {inside} at {address}"),
-    };
+    let who = claimant(claim, &peer.to_string())?;
     let why = match silent {
         Some(silence) => format!("{SILENT}{}s: {who}", silence.as_secs()),
         None => format!("{VANISHED}{who}"),
     };
     Some((abort, format!("{rank}\n{why}").into_bytes()))
+}
+
+/// What our server writes when the connection from `peer` that claimed node `node` went silent
+/// for `silence`: the abort key and its value, when the claim is that connection's, the job has
+/// not ended, and none of the node's ranks (the claim's `ranks <a>-<b>`) has joined (a rank that
+/// did speaks for the node through its own connection). The abort names the node's first rank.
+pub(super) fn node_silent(
+    values: &HashMap<String, Vec<u8>>,
+    node: usize,
+    peer: SocketAddr,
+    silence: Duration,
+) -> Option<(String, Vec<u8>)> {
+    let abort = wire_key("", ABORT_KEY);
+    if values.contains_key(&abort) {
+        return None;
+    }
+    let claim = std::str::from_utf8(values.get(&wire_key("", &node_key(node)))?).ok()?;
+    let who = claimant(claim, &peer.to_string())?;
+    let (first, last) = claim.rsplit_once(" ranks ")?.1.split_once('-')?;
+    let (first, last): (usize, usize) = (first.parse().ok()?, last.parse().ok()?);
+    if (first..=last).any(|r| values.contains_key(&wire_key("", &rank_key(r)))) {
+        return None;
+    }
+    let why = format!(
+        "{NODE_SILENT}{node} {}s: its commrun, {who}; ranks {first}-{last}",
+        silence.as_secs()
+    );
+    Some((abort, format!("{first}\n{why}").into_bytes()))
 }
 
 #[cfg(test)]
@@ -290,8 +369,9 @@ mod tests {
             (&rank_key(0), "127.0.0.1:40100 (pid 1)"),
             (&rank_key(2), claim),
         ]);
-        assert_eq!(claimed_rank(&wire_key("", &rank_key(2))), Some(2));
-        assert_eq!(claimed_rank(&wire_key("", "job/run_id")), None);
+        assert_eq!(claimed(&wire_key("", &rank_key(2))), Some(Claim::Rank(2)));
+        assert_eq!(claimed(&wire_key("", &node_key(1))), Some(Claim::Node(1)));
+        assert_eq!(claimed(&wire_key("", "job/run_id")), None);
         let (key, value) = vanished(&values, 2, peer, None).expect("rank 2 vanished");
         assert_eq!(key, wire_key("", ABORT_KEY));
         match reason(1, &value) {
@@ -328,5 +408,45 @@ mod tests {
         assert!(vanished(&left, 2, peer, None).is_none());
         let ended = stored(&[(&rank_key(2), claim), (ABORT_KEY, "0\nwhy")]);
         assert!(vanished(&ended, 2, peer, None).is_none());
+    }
+
+    #[test]
+    fn a_silent_node_whose_ranks_never_joined_ends_the_job_naming_it() {
+        let peer: SocketAddr = "10.0.0.2:41000".parse().unwrap();
+        let claim = "10.0.0.2:41000 (pid 77 on node1) ranks 2-3";
+        let silence = Duration::from_secs(15);
+        let values = stored(&[
+            (&rank_key(0), "10.0.0.1:40100 (pid 1)"),
+            (&node_key(1), claim),
+        ]);
+        let (key, value) = node_silent(&values, 1, peer, silence).expect("node 1 went silent");
+        assert_eq!(key, wire_key("", ABORT_KEY));
+        match reason(0, &value) {
+            CommError::NodeSilent {
+                rank: 0,
+                node: 1,
+                first_rank: 2,
+                claim,
+                silence,
+                ..
+            } => {
+                assert_eq!(
+                    claim,
+                    "its commrun, pid 77 at 10.0.0.2:41000 on node1; ranks 2-3"
+                );
+                assert_eq!(silence, Duration::from_secs(15));
+            }
+            other => panic!("{other}"),
+        }
+        // Not news: a rank of the node joined (its own connection speaks for it), the claim
+        // came from another connection, the job already ended.
+        let joined = stored(&[
+            (&node_key(1), claim),
+            (&rank_key(3), "10.0.0.2:41002 (pid 80)"),
+        ]);
+        assert!(node_silent(&joined, 1, peer, silence).is_none());
+        assert!(node_silent(&values, 1, "10.0.0.2:9".parse().unwrap(), silence).is_none());
+        let ended = stored(&[(&node_key(1), claim), (ABORT_KEY, "0\nwhy")]);
+        assert!(node_silent(&ended, 1, peer, silence).is_none());
     }
 }

@@ -16,6 +16,9 @@
 //!   hears at once when another rank ends the job or the store goes away (`watcher.rs`); barriers,
 //!   rank 0's value, aborting and leaving.
 //!
+//! A node's launcher (commrun) attends the store while its ranks start (`presence.rs`), so that
+//! a node is not invisible before its first rank joins.
+//!
 //! Our server speaks through `wire` too, in two rooms: `server.rs`, the poll loop that moves a
 //! connection's bytes, and `table.rs`, the keys, values and waits every request reads and
 //! changes (mini-redis's connection loop and `db.rs`). It bounds what any connection can make it
@@ -25,6 +28,7 @@
 mod client;
 mod connection;
 mod membership;
+pub mod presence;
 mod scoped;
 mod server;
 mod session;

@@ -30,7 +30,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::membership;
+use super::membership::{self, Claim};
 use super::table::{Bounds, ConnId, Refused, Table};
 use super::wire::{self, Answer, Command, Malformed, MAX_VALUE_BYTES};
 use crate::epoll::{self, Epoll};
@@ -311,9 +311,9 @@ struct Connection {
     validated: bool,
     /// What epoll watches it for now.
     watching: u32,
-    /// The rank whose membership claim it made (`membership.rs`): its closing is news of that
-    /// rank unless the rank said it was leaving.
-    claimed: Option<usize>,
+    /// The rank or node whose membership claim it made (`membership.rs`): its closing or
+    /// silence may be news of it.
+    claimed: Option<membership::Claim>,
 }
 
 impl Connection {
@@ -630,10 +630,10 @@ impl Server {
             return self.validate(id, magic);
         }
         if let Command::CompareSet { key, .. } = &command {
-            if let (Some(rank), Some(conn)) =
-                (membership::claimed_rank(key), self.connections.get_mut(&id))
+            if let (Some(claim), Some(conn)) =
+                (membership::claimed(key), self.connections.get_mut(&id))
             {
-                conn.claimed = Some(rank);
+                conn.claimed = Some(claim);
             }
         }
         let answered = self.table.execute(id, command);
@@ -688,10 +688,20 @@ impl Server {
             // A rank's connection closed by the other end, or silent: news if the rank did not
             // say it was leaving (see `membership.rs`).
             Close::Gone | Close::Silent => {
-                let Some(rank) = conn.claimed else { return };
                 let silent = matches!(why, Close::Silent).then(|| self.limits.heartbeat.silence());
                 let values = self.table.values();
-                if let Some((abort, why)) = membership::vanished(values, rank, conn.peer, silent) {
+                let news = match (conn.claimed, silent) {
+                    (Some(Claim::Rank(rank)), _) => {
+                        membership::vanished(values, rank, conn.peer, silent)
+                    }
+                    // A launcher that closed its connection took its ranks with it: theirs
+                    // are the news.
+                    (Some(Claim::Node(node)), Some(silence)) => {
+                        membership::node_silent(values, node, conn.peer, silence)
+                    }
+                    _ => None,
+                };
+                if let Some((abort, why)) = news {
                     let _ = self.table.set(abort, why);
                     self.answer_woken();
                 }

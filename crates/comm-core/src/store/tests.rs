@@ -405,3 +405,89 @@ fn awaited_keys_settled(server: &StoreServer, expected: usize) -> usize {
     }
     server.awaited_keys()
 }
+
+/// A node's launcher attends the store while its ranks start: it claims the node, lets go once
+/// they have all joined, refuses another job's store, hears rank 0's store close, and stops
+/// when told, whether or not the store is up. (A silent node or store is the cluster in a box's to show: tests/cluster.rs.)
+#[test]
+fn a_launcher_attends_the_store_until_its_ranks_have_joined() {
+    use super::presence::{attend, Attended, NodeClaim};
+    use crate::heartbeat::Heartbeat;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let server = StoreServer::bind_job("127.0.0.1", 0, 4, Some("run-a")).unwrap();
+    let endpoint = format!("127.0.0.1:{}", server.port());
+    let claim = NodeClaim {
+        node: 1,
+        ranks: 2..4,
+        world_size: 4,
+        run_id: Some("run-a"),
+    };
+    let stop = AtomicBool::new(false);
+    let beat = Heartbeat::default();
+    std::thread::scope(|s| {
+        let attending = s.spawn(|| attend(&endpoint, &claim, beat, &stop));
+        let peek = client(&server, 0, 4, 5000);
+        peek.wait(&["job/node/1"]).unwrap();
+        let node = String::from_utf8(peek.get("job/node/1").unwrap()).unwrap();
+        assert!(node.ends_with(") ranks 2-3"), "{node}");
+        assert!(
+            node.contains(&format!("(pid {} on ", std::process::id())),
+            "{node}"
+        );
+        let join = |rank| {
+            Store::connect_job(
+                "127.0.0.1",
+                server.port(),
+                rank,
+                4,
+                Some("run-a"),
+                Duration::from_secs(5),
+            )
+            .unwrap()
+        };
+        let _two = join(2);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!attending.is_finished(), "let go before rank 3 joined");
+        let _three = join(3);
+        assert_eq!(attending.join().unwrap(), Attended::RanksJoined);
+    });
+
+    // Another job's store (another run id): nothing claimed.
+    let other = NodeClaim {
+        run_id: Some("run-b"),
+        ..claim.clone()
+    };
+    assert_eq!(attend(&endpoint, &other, beat, &stop), Attended::NotOurs);
+
+    // Rank 0 ended (its store closed) before the node's ranks joined.
+    let ending = StoreServer::bind_job("127.0.0.1", 0, 4, None).unwrap();
+    let port = ending.port();
+    let endpoint = format!("127.0.0.1:{port}");
+    std::thread::scope(|s| {
+        let attending = s.spawn(|| attend(&endpoint, &claim, beat, &stop));
+        let peek = client(&ending, 0, 4, 5000);
+        peek.wait(&["job/node/1"]).unwrap();
+        drop(peek);
+        drop(ending);
+        assert_eq!(attending.join().unwrap(), Attended::StoreClosed);
+    });
+
+    // Told to stop while waiting for its ranks, and while the store is not up at all.
+    let lonely = StoreServer::bind_job("127.0.0.1", 0, 4, None).unwrap();
+    let nobody = {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        free.local_addr().unwrap().to_string()
+    };
+    for endpoint in [format!("127.0.0.1:{}", lonely.port()), nobody] {
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let attending = s.spawn(|| attend(&endpoint, &claim, beat, &stop));
+            std::thread::sleep(Duration::from_millis(400));
+            let told = Instant::now();
+            stop.store(true, Ordering::Relaxed);
+            assert_eq!(attending.join().unwrap(), Attended::Stopped, "{endpoint}");
+            assert!(told.elapsed() < Duration::from_secs(2), "{endpoint}");
+        });
+    }
+}
