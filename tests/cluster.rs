@@ -4,7 +4,8 @@
 //! commrun on both nodes), a sweep across the link whose model finds the link's rate, the
 //! prediction for the box beside it, a node whose cable is cut in the middle of an all-reduce
 //! (found by the heartbeat, not the timeout; then the store's own node; then at the rendezvous,
-//! after its ranks joined and while they are still starting), a slow link that is not
+//! after its ranks joined and while they are still starting; then at the job's last barrier), a
+//! slow link that is not
 //! taken for a lost node, and a Slurm across both nodes (sbatch and salloc/srun from this
 //! machine, the login node); then `down`, and nothing left.
 //!
@@ -557,6 +558,74 @@ fn a_node_cut_while_its_ranks_start(bin: &Path) -> Duration {
     took
 }
 
+/// Set in a worker's environment: this test binary is then one rank of a job ([`as_worker`]).
+const WORKER: &str = "CLUSTER_TEST_WORKER";
+
+/// One rank of the barrier's job: every rank meets the others and builds its communicator; then
+/// node1's ranks (2 and 3) compute for ten minutes, while node0's go on to the job's last
+/// barrier (the store's, no collective and no NCCL in it) and wait there for them.
+fn as_worker() -> ! {
+    #[derive(clap::Parser)]
+    struct Args {
+        #[command(flatten)]
+        launch: comm_core::LaunchArgs,
+    }
+    let args =
+        <Args as clap::Parser>::parse_from(["worker", "--backend", "cpu", "--timeout", "300"]);
+    let settings = args.launch.settings(&[]).unwrap();
+    let code = comm_core::launch::run_settings(&settings, |comm| {
+        if comm.rank() >= 2 {
+            std::thread::sleep(Duration::from_secs(600));
+        }
+        Ok(())
+    });
+    std::process::exit(code)
+}
+
+/// A node cut while the others wait at a barrier of the store (the job's last): node0's ranks
+/// have finished their work, node1's are still computing; node1's cable is cut. node0's ranks
+/// end within the heartbeat's bound, naming node1 and that they were finishing. The workers are
+/// this test binary ([`as_worker`]), started by commrun on both nodes.
+fn a_node_cut_at_the_last_barrier(bin: &Path) -> Duration {
+    let me = std::env::current_exe().unwrap();
+    let commrun = |node: usize| {
+        let mut c = Command::new("bash");
+        c.arg(cluster_sh())
+            .args([
+                "exec",
+                &format!("node{node}"),
+                "env",
+                &format!("{WORKER}=1"),
+            ])
+            .arg(bin.join("commrun"))
+            .args(["--nnodes", "2", "--node-rank", &node.to_string()])
+            .args(["--nproc-per-node", "2", "--master-addr", "10.0.0.1"])
+            .args(["--master-port", "29570"])
+            .arg(&me)
+            .args(["the_course_runs_across_a_cluster_in_a_box", "--exact"])
+            .args(["--nocapture", "--test-threads=1"])
+            .current_dir(REPO)
+            .plainly();
+        start(&mut c)
+    };
+    let waiting = commrun(0);
+    let computing = commrun(1);
+    // Long enough to meet and build the communicator on a busy machine: node0's ranks then
+    // wait at the last barrier.
+    std::thread::sleep(Duration::from_secs(6));
+    let (seen, took) = cut_and_watch(1, waiting, bin);
+    let gone = computing.finish(Duration::from_secs(90));
+    assert_ne!(gone.status.code(), Some(0), "{}", gone.stderr);
+    assert!(seen.stderr.contains("on node1)"), "{}", seen.stderr);
+    assert!(
+        seen.stderr
+            .contains("went silent while rank 0 was finishing (waiting for every rank)"),
+        "{}",
+        seen.stderr
+    );
+    took
+}
+
 /// A slow link is not a silent one: node1's cable at 1 Mbit/s, a 4 MB all-reduce across it
 /// (messages of 2 MB, 17 s each to cross, longer than the heartbeat's bound) finishes and is
 /// right; then the cable's rate is the box's again.
@@ -736,6 +805,9 @@ fn tp_layouts(bin: &Path) {
 
 #[test]
 fn the_course_runs_across_a_cluster_in_a_box() {
+    if std::env::var_os(WORKER).is_some() {
+        as_worker();
+    }
     let required = std::env::var("NCCL_WORKSHOP_REQUIRE_BOX").is_ok_and(|v| v == "1");
     if let Some(why) = missing() {
         assert!(!required, "NCCL_WORKSHOP_REQUIRE_BOX=1 but {why}");
@@ -775,10 +847,11 @@ fn the_course_runs_across_a_cluster_in_a_box() {
         let node0_lost = a_node_cut_in_a_collective(0, &bin);
         let at_the_rendezvous = a_node_cut_at_the_rendezvous(&bin);
         let while_starting = a_node_cut_while_its_ranks_start(&bin);
+        let at_the_barrier = a_node_cut_at_the_last_barrier(&bin);
         eprintln!(
             "a lost node found in {node1_lost:?}, the store's node in {node0_lost:?}, a node \
              lost at the rendezvous in {at_the_rendezvous:?}, one lost while its ranks started \
-             in {while_starting:?}"
+             in {while_starting:?}, one lost at the last barrier in {at_the_barrier:?}"
         );
         a_slow_link_is_not_a_lost_node(&bin);
         if Command::new("sh")
