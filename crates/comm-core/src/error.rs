@@ -319,6 +319,26 @@ pub enum CommError {
         silence: Duration,
     },
 
+    /// Node `node`'s launcher ended before any of its ranks had joined: its connection to the
+    /// store closed (our own store only).
+    #[error(
+        "node {node} ({claim}) ended before any of its ranks joined, while rank {rank} was \
+         {phase}: its commrun closed its connection to the store (its workers failed or were \
+         stopped before they joined; node {node}'s own output says why)"
+    )]
+    NodeGone {
+        /// The rank that stops.
+        rank: usize,
+        /// The node whose launcher ended.
+        node: usize,
+        /// Its first rank, the one a launcher's summary blames.
+        first_rank: usize,
+        /// Who held the node's claim, as for [`CommError::NodeSilent`].
+        claim: String,
+        /// What this rank was doing then ([`crate::phase`]).
+        phase: String,
+    },
+
     /// Rank `rank` refused a connection to its peer port from `from`: it came from another run
     /// (`their_run` differs from `our_run`), from a job of another size, or claimed a rank that
     /// is already connected or cannot connect to this one. Another job is most likely using the
@@ -464,7 +484,9 @@ impl CommError {
             CommError::RankVanished { gone, .. } | CommError::RankSilent { gone, .. } => {
                 Some(*gone)
             }
-            CommError::NodeSilent { first_rank, .. } => Some(*first_rank),
+            CommError::NodeSilent { first_rank, .. } | CommError::NodeGone { first_rank, .. } => {
+                Some(*first_rank)
+            }
             CommError::StoreUnreachable { .. }
             | CommError::StoreLost { .. }
             | CommError::StoreSilent { .. } => Some(STORE_RANK),
@@ -514,6 +536,7 @@ impl CommError {
             CommError::RankVanished { .. } => "rank_vanished",
             CommError::RankSilent { .. } => "rank_silent",
             CommError::NodeSilent { .. } => "node_silent",
+            CommError::NodeGone { .. } => "node_gone",
             CommError::Peer(_) => "peer",
             CommError::Backend(_) => "backend",
         }

@@ -208,6 +208,7 @@ impl Job {
                 | CommError::RankVanished { .. }
                 | CommError::RankSilent { .. }
                 | CommError::NodeSilent { .. }
+                | CommError::NodeGone { .. }
         );
         if store_gone {
             return;

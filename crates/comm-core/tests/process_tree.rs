@@ -5,6 +5,7 @@
 //! The spawning parent is this test binary started again with `PROCESS_TREE_ROLE` set (so the
 //! signal handlers spawn installs stay out of the test harness); its ranks are `sh -c SCRIPT`.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use test_support::process::{assert_all_gone, scratch, start, wait_for_pids_in, P
 
 const ROLE: &str = "PROCESS_TREE_ROLE";
 const SCRIPT: &str = "PROCESS_TREE_SCRIPT";
-const STOP_AFTER: &str = "PROCESS_TREE_STOP_AFTER_MS";
+const STOP_WHEN: &str = "PROCESS_TREE_STOP_WHEN";
 
 /// The parent: runs `sh -c $PROCESS_TREE_SCRIPT` on 2 ranks (1 for the line test), prints how
 /// it ended, the summary's stderr tail size and its own peak memory.
@@ -33,12 +34,16 @@ fn as_parent() -> ! {
         grace: Duration::from_secs(2),
         run_id: None,
     };
-    // A launcher that stops the ranks itself, after STOP_AFTER milliseconds.
-    let stop = std::env::var(STOP_AFTER).ok().map(|ms| {
+    // A launcher that stops the ranks itself, once they and their children have written their
+    // pids into the folder STOP_WHEN names.
+    let stop = std::env::var(STOP_WHEN).ok().map(|dir| {
         let (send, reasons) = crossbeam_channel::bounded(1);
-        let ms: u64 = ms.parse().unwrap();
         std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(ms));
+            wait_for_pids_in(
+                Path::new(&dir),
+                &["0", "1", "w0", "w1"],
+                Duration::from_secs(60),
+            );
             send.send("the launcher's reason".to_string()).unwrap();
         });
         reasons
@@ -119,7 +124,7 @@ fn a_launcher_stops_its_ranks_for_its_own_reason() {
     let d = dir.display();
     let script = format!("sleep 1000 & echo $! > {d}/$RANK; echo $$ > {d}/w$RANK; wait");
     let mut job = parent("a_launcher_stops_its_ranks_for_its_own_reason", 2, &script);
-    let job = start(job.env(STOP_AFTER, "1000"));
+    let job = start(job.env(STOP_WHEN, &dir));
     let pids = wait_for_pids_in(&dir, &["0", "1", "w0", "w1"], Duration::from_secs(30));
     let done = job.finish(Duration::from_secs(30));
     assert_eq!(done.code_or_signal(), 1, "{}\n{}", done.stdout, done.stderr);

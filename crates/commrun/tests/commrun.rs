@@ -612,6 +612,44 @@ fn a_lost_node_is_named_by_the_other_nodes_workers() {
     );
 }
 
+/// A node whose workers fail before they join: its commrun held the node's place at the store
+/// meanwhile, so when it ends the store ends the job at once, naming the node, instead of node
+/// 0's ranks waiting out `--timeout` for ranks that will never come.
+#[test]
+fn a_node_whose_workers_fail_before_joining_ends_the_job_at_once() {
+    let hello = example("00-hello-world");
+    let port = free_port().to_string();
+    let node0 = start(commrun(&two_nodes_of_two("0", &port)).arg(&hello).args([
+        "--backend",
+        "cpu",
+        "--timeout",
+        "120",
+    ]));
+    // A slow start that fails: long enough for node 1's commrun to reach rank 0's store.
+    let node1 = start(commrun(&two_nodes_of_two("1", &port)).args([
+        "sh",
+        "-c",
+        "sleep 3; echo 'cannot import the model' >&2; exit 3",
+    ]));
+    let started = Instant::now();
+    let (code1, _, err1) = finish(node1, Duration::from_secs(60));
+    assert_eq!(code1, 3, "{err1}");
+    let (code0, _, err0) = finish(node0, Duration::from_secs(60));
+    let took = started.elapsed();
+    assert_eq!(code0, 1, "{err0}");
+    assert!(
+        err0.contains("node 1 (its commrun, pid ")
+            && err0.contains("ended before any of its ranks joined"),
+        "{err0}"
+    );
+    assert!(
+        err0.contains("of node 1 (ranks 2-3): node 1 was lost or never joined"),
+        "{err0}"
+    );
+    // Far below --timeout 120: the store heard of it when node 1's commrun ended.
+    assert!(took < Duration::from_secs(60), "{took:?}");
+}
+
 #[test]
 fn bad_input_gets_a_clear_message_and_no_panic() {
     let fails = |args: &[&str], expected: &str| {

@@ -29,9 +29,10 @@
 //! A node's launcher claims its node the same way (`job/node/<n>`, see `presence.rs`), so that a
 //! node whose ranks have not joined yet is not invisible: when that connection goes silent for
 //! the heartbeat's bound and none of the node's ranks has claimed its rank, the server writes
-//! the abort key for the node ([`node_silent`]). Once a rank of the node has joined, its own
-//! connection speaks for the node. A launcher's connection that merely closes is not news: a
-//! launcher that dies takes its ranks with it, and theirs are.
+//! the abort key for the node ([`node_lost`]); likewise when it closes (the launcher ended:
+//! its workers failed, or it was stopped, before any joined; ranks that never joined have no
+//! connection whose closing would tell). Once a rank of the node has joined, its own connection
+//! speaks for the node.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -84,6 +85,9 @@ pub fn node_key(node: usize) -> String {
 /// How an abort written by the server for a silent node starts its reason (after `<rank>\n`),
 /// before `<node> <seconds>s: <claim>`.
 const NODE_SILENT: &str = "node silent ";
+/// How an abort written by the server for a node whose launcher ended starts its reason (after
+/// `<rank>\n`), before `<node>: <claim>`.
+const NODE_GONE: &str = "node gone ";
 
 /// What our server stores before anyone connects, as (wire key, value).
 pub fn seed(world_size: usize, run_id: Option<&str>) -> Vec<(String, Vec<u8>)> {
@@ -227,6 +231,20 @@ pub(super) fn reason(rank: usize, value: &[u8]) -> CommError {
         let (seconds, claim) = rest.split_once("s: ")?;
         Some((node.parse().ok()?, seconds.parse().ok()?, claim))
     });
+    if let Some((node, claim)) = reason
+        .strip_prefix(NODE_GONE)
+        .and_then(|r| r.split_once(": "))
+    {
+        if let Ok(node) = node.parse() {
+            return CommError::NodeGone {
+                rank,
+                node,
+                first_rank: by,
+                claim: claim.to_string(),
+                phase: crate::phase::now(),
+            };
+        }
+    }
     if let Some((node, seconds, claim)) = node_silent {
         return CommError::NodeSilent {
             rank,
@@ -322,15 +340,16 @@ pub(super) fn vanished(
     Some((abort, format!("{rank}\n{why}").into_bytes()))
 }
 
-/// What our server writes when the connection from `peer` that claimed node `node` went silent
-/// for `silence`: the abort key and its value, when the claim is that connection's, the job has
-/// not ended, and none of the node's ranks (the claim's `ranks <a>-<b>`) has joined (a rank that
-/// did speaks for the node through its own connection). The abort names the node's first rank.
-pub(super) fn node_silent(
+/// What our server writes when the connection from `peer` that claimed node `node` closed, or
+/// went silent for `silent` (the heartbeat's bound): the abort key and its value, when the claim
+/// is that connection's, the job has not ended, and none of the node's ranks (the claim's
+/// `ranks <a>-<b>`) has joined (a rank that did speaks for the node through its own
+/// connection; a launcher lets go once they all have). The abort names the node's first rank.
+pub(super) fn node_lost(
     values: &HashMap<String, Vec<u8>>,
     node: usize,
     peer: SocketAddr,
-    silence: Duration,
+    silent: Option<Duration>,
 ) -> Option<(String, Vec<u8>)> {
     let abort = wire_key("", ABORT_KEY);
     if values.contains_key(&abort) {
@@ -343,10 +362,11 @@ pub(super) fn node_silent(
     if (first..=last).any(|r| values.contains_key(&wire_key("", &rank_key(r)))) {
         return None;
     }
-    let why = format!(
-        "{NODE_SILENT}{node} {}s: its commrun, {who}; ranks {first}-{last}",
-        silence.as_secs()
-    );
+    let claim = format!("its commrun, {who}; ranks {first}-{last}");
+    let why = match silent {
+        Some(silence) => format!("{NODE_SILENT}{node} {}s: {claim}", silence.as_secs()),
+        None => format!("{NODE_GONE}{node}: {claim}"),
+    };
     Some((abort, format!("{first}\n{why}").into_bytes()))
 }
 
@@ -411,15 +431,15 @@ mod tests {
     }
 
     #[test]
-    fn a_silent_node_whose_ranks_never_joined_ends_the_job_naming_it() {
+    fn a_node_lost_before_its_ranks_joined_ends_the_job_naming_it() {
         let peer: SocketAddr = "10.0.0.2:41000".parse().unwrap();
         let claim = "10.0.0.2:41000 (pid 77 on node1) ranks 2-3";
-        let silence = Duration::from_secs(15);
+        let silence = Some(Duration::from_secs(15));
         let values = stored(&[
             (&rank_key(0), "10.0.0.1:40100 (pid 1)"),
             (&node_key(1), claim),
         ]);
-        let (key, value) = node_silent(&values, 1, peer, silence).expect("node 1 went silent");
+        let (key, value) = node_lost(&values, 1, peer, silence).expect("node 1 went silent");
         assert_eq!(key, wire_key("", ABORT_KEY));
         match reason(0, &value) {
             CommError::NodeSilent {
@@ -444,9 +464,25 @@ mod tests {
             (&node_key(1), claim),
             (&rank_key(3), "10.0.0.2:41002 (pid 80)"),
         ]);
-        assert!(node_silent(&joined, 1, peer, silence).is_none());
-        assert!(node_silent(&values, 1, "10.0.0.2:9".parse().unwrap(), silence).is_none());
+        assert!(node_lost(&joined, 1, peer, silence).is_none());
+        assert!(node_lost(&joined, 1, peer, None).is_none());
+        assert!(node_lost(&values, 1, "10.0.0.2:9".parse().unwrap(), silence).is_none());
         let ended = stored(&[(&node_key(1), claim), (ABORT_KEY, "0\nwhy")]);
-        assert!(node_silent(&ended, 1, peer, silence).is_none());
+        assert!(node_lost(&ended, 1, peer, silence).is_none());
+        // Its launcher's connection closed before any rank joined: its workers failed or were
+        // stopped, and ranks that never joined have no connection whose closing would tell.
+        let (_, value) = node_lost(&values, 1, peer, None).expect("node 1 ended");
+        match reason(0, &value) {
+            CommError::NodeGone {
+                node: 1,
+                first_rank: 2,
+                claim,
+                ..
+            } => assert_eq!(
+                claim,
+                "its commrun, pid 77 at 10.0.0.2:41000 on node1; ranks 2-3"
+            ),
+            other => panic!("{other}"),
+        }
     }
 }

@@ -81,7 +81,10 @@ pub fn attend(
         match claim_node(&mut conn, claim) {
             Ok(true) => {}
             Ok(false) => return Attended::NotOurs,
-            Err(_) => continue,
+            Err(_) => {
+                std::thread::sleep(LOOK);
+                continue;
+            }
         }
         return wait_for_ranks(&mut conn, claim, beat, stop).unwrap_or(Attended::StoreClosed);
     }
@@ -120,8 +123,25 @@ fn claim_node(conn: &mut Conn, claim: &NodeClaim<'_>) -> std::io::Result<bool> {
         claim.ranks.start,
         claim.ranks.end.saturating_sub(1)
     );
-    conn.send(&[compare(&node_key(claim.node), &me)])?;
-    Ok(conn.value()? == me.as_bytes())
+    let key = node_key(claim.node);
+    conn.send(&[compare(&key, &me)])?;
+    let holder = String::from_utf8_lossy(&conn.value()?).into_owned();
+    if holder == me {
+        return Ok(true);
+    }
+    // This process's own claim from an earlier connection (its answer lost, it tried again):
+    // taken over, so that the live connection is the claimant the server watches.
+    // The claim without its address: "(pid <pid> on <host>) ranks <a>-<b>".
+    let (theirs, ours) = (holder.split_once(' '), me.split_once(' '));
+    if theirs.is_some() && theirs.map(|t| t.1) == ours.map(|o| o.1) {
+        conn.send(&[Command::CompareSet {
+            key: wire_key("", &key),
+            expected: holder.into_bytes(),
+            desired: me.clone().into_bytes(),
+        }])?;
+        return Ok(conn.value()? == me.as_bytes());
+    }
+    Ok(false)
 }
 
 /// WAITs for every rank of the node to have claimed its rank, looking at `stop` meanwhile. An

@@ -685,21 +685,20 @@ impl Server {
                 let peer = conn.peer;
                 self.say(format_args!("closed the connection from {peer}: {reason}"));
             }
-            // A rank's connection closed by the other end, or silent: news if the rank did not
-            // say it was leaving (see `membership.rs`).
+            // A rank's connection (or a node's launcher's) closed by the other end, or silent:
+            // news if the rank did not say it was leaving, or the node's ranks never joined
+            // (see `membership.rs`).
             Close::Gone | Close::Silent => {
                 let silent = matches!(why, Close::Silent).then(|| self.limits.heartbeat.silence());
                 let values = self.table.values();
-                let news = match (conn.claimed, silent) {
-                    (Some(Claim::Rank(rank)), _) => {
+                let news = match conn.claimed {
+                    Some(Claim::Rank(rank)) => {
                         membership::vanished(values, rank, conn.peer, silent)
                     }
-                    // A launcher that closed its connection took its ranks with it: theirs
-                    // are the news.
-                    (Some(Claim::Node(node)), Some(silence)) => {
-                        membership::node_silent(values, node, conn.peer, silence)
+                    Some(Claim::Node(node)) => {
+                        membership::node_lost(values, node, conn.peer, silent)
                     }
-                    _ => None,
+                    None => None,
                 };
                 if let Some((abort, why)) = news {
                     let _ = self.table.set(abort, why);

@@ -407,8 +407,9 @@ fn awaited_keys_settled(server: &StoreServer, expected: usize) -> usize {
 }
 
 /// A node's launcher attends the store while its ranks start: it claims the node, lets go once
-/// they have all joined, refuses another job's store, hears rank 0's store close, and stops
-/// when told, whether or not the store is up. (A silent node or store is the cluster in a box's to show: tests/cluster.rs.)
+/// they have all joined, refuses another job's store and another launcher's claim, takes over
+/// its own earlier one, hears rank 0's store close, and stops when told, whether or not the
+/// store is up. (A silent node or store is the cluster in a box's to show: tests/cluster.rs.)
 #[test]
 fn a_launcher_attends_the_store_until_its_ranks_have_joined() {
     use super::presence::{attend, Attended, NodeClaim};
@@ -472,6 +473,53 @@ fn a_launcher_attends_the_store_until_its_ranks_have_joined() {
         drop(ending);
         assert_eq!(attending.join().unwrap(), Attended::StoreClosed);
     });
+
+    // A claim of this node already there: another launcher's is refused; this process's own,
+    // from an earlier connection whose answer was lost, is taken over.
+    let claimed = StoreServer::bind_job("127.0.0.1", 0, 4, None).unwrap();
+    let endpoint = format!("127.0.0.1:{}", claimed.port());
+    let peek = client(&claimed, 0, 4, 5000);
+    let host = crate::host::hostname();
+    peek.set(
+        "job/node/1",
+        format!("127.0.0.1:1 (pid 1 on {host}) ranks 2-3").as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(attend(&endpoint, &claim, beat, &stop), Attended::NotOurs);
+    let stale = format!(
+        "127.0.0.1:1 (pid {} on {host}) ranks 2-3",
+        std::process::id()
+    );
+    peek.set("job/node/1", stale.as_bytes()).unwrap();
+    let stop_it = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let attending = s.spawn(|| attend(&endpoint, &claim, beat, &stop_it));
+        let started = Instant::now();
+        let mut now = stale.clone();
+        while now == stale {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "never taken over"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+            now = String::from_utf8(peek.get("job/node/1").unwrap()).unwrap();
+        }
+        assert!(
+            !now.starts_with("127.0.0.1:1 ") && now.ends_with(") ranks 2-3"),
+            "{now}"
+        );
+        stop_it.store(true, Ordering::Relaxed);
+        assert_eq!(attending.join().unwrap(), Attended::Stopped);
+    });
+    // Its launcher gone before any of node 1's ranks joined: the job ends, naming the node.
+    match peek.wait(&["never/set"]) {
+        Err(CommError::NodeGone {
+            node: 1,
+            first_rank: 2,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
 
     // Told to stop while waiting for its ranks, and while the store is not up at all.
     let lonely = StoreServer::bind_job("127.0.0.1", 0, 4, None).unwrap();
