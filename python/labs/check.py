@@ -282,7 +282,12 @@ def main():
     right = all([check(lab, code) for lab in args.labs])
     dist.barrier()
     dist.destroy_process_group()
-    sys.exit(0 if right else 1)
+    # Leave without the interpreter's teardown: a gloo thread still winding down there can end
+    # a rank with "terminate called without an active exception" (SIGABRT) after every case
+    # passed (seen once in CI). The verdict is printed; flush it and go.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if right else 1)
 
 
 if __name__ == "__main__":
