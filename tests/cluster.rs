@@ -438,6 +438,29 @@ fn a_node_cut_in_a_collective(lost: usize, bin: &Path) -> Duration {
     took
 }
 
+/// `scripts/cluster.sh exec node<node> env VARS…`, from the repository root: the command to
+/// run there follows (a launcher's variables, for ranks started by hand).
+fn on_node(node: usize, vars: &[String]) -> Command {
+    let mut c = Command::new("bash");
+    c.arg(cluster_sh())
+        .args(["exec", &format!("node{node}"), "env"])
+        .args(vars)
+        .current_dir(REPO)
+        .plainly();
+    c
+}
+
+/// commrun on node `node` of a job of 2 nodes × 2 ranks meeting at node0's `port`, under
+/// `vars`; the program and its arguments follow.
+fn commrun_2x2(node: usize, port: u16, vars: &[String], bin: &Path) -> Command {
+    let mut c = on_node(node, vars);
+    c.arg(bin.join("commrun"))
+        .args(["--nnodes", "2", "--node-rank", &node.to_string()])
+        .args(["--nproc-per-node", "2", "--master-addr", "10.0.0.1"])
+        .args(["--master-port", &port.to_string()]);
+    c
+}
+
 /// A node cut at the rendezvous: ranks 2 and 3 on node1 have joined rank 0's store (on node0)
 /// and wait with it for rank 1, which never starts; then node1's cable is cut. The store hears
 /// nothing more from them, not even the heartbeat's answers, and rank 0 ends within the bound,
@@ -446,26 +469,18 @@ fn a_node_cut_in_a_collective(lost: usize, bin: &Path) -> Duration {
 /// timeout.) The ranks are started as a launcher starts them, by their environment.
 fn a_node_cut_at_the_rendezvous(bin: &Path) -> Duration {
     let rank = |rank: usize| {
-        let node = format!("node{}", rank / 2);
-        let mut c = Command::new("bash");
-        c.arg(cluster_sh())
-            .args([
-                "exec",
-                &node,
-                "env",
-                &format!("RANK={rank}"),
-                "WORLD_SIZE=4",
-            ])
-            .args([
-                format!("LOCAL_RANK={}", rank % 2),
-                "LOCAL_WORLD_SIZE=2".into(),
-            ])
-            .args(["MASTER_ADDR=10.0.0.1", "MASTER_PORT=29540"])
-            .arg(bin.join("comm-bench"))
+        let env = [
+            format!("RANK={rank}"),
+            "WORLD_SIZE=4".into(),
+            format!("LOCAL_RANK={}", rank % 2),
+            "LOCAL_WORLD_SIZE=2".into(),
+            "MASTER_ADDR=10.0.0.1".into(),
+            "MASTER_PORT=29540".into(),
+        ];
+        let mut c = on_node(rank / 2, &env);
+        c.arg(bin.join("comm-bench"))
             .args(["--backend", "cpu", "-b", "1M", "-e", "1M", "-n", "10"])
-            .args(["--collectives", "all_reduce", "--timeout", "300"])
-            .current_dir(REPO)
-            .plainly();
+            .args(["--collectives", "all_reduce", "--timeout", "300"]);
         start(&mut c)
     };
     let waiting = rank(0);
@@ -500,19 +515,8 @@ fn a_node_cut_at_the_rendezvous(bin: &Path) -> Duration {
 /// bound naming node 1, and node1's commrun stops its workers, having lost the store. Both are
 /// started as the chapter starts commrun, with workers on node1 that never join.
 fn a_node_cut_while_its_ranks_start(bin: &Path) -> Duration {
-    let commrun = |node: usize, program: &[&str]| {
-        let mut c = Command::new("bash");
-        c.arg(cluster_sh())
-            .args(["exec", &format!("node{node}")])
-            .arg(bin.join("commrun"))
-            .args(["--nnodes", "2", "--node-rank", &node.to_string()])
-            .args(["--nproc-per-node", "2", "--master-addr", "10.0.0.1"])
-            .args(["--master-port", "29560"])
-            .args(program)
-            .current_dir(REPO)
-            .plainly();
-        start(&mut c)
-    };
+    let commrun =
+        |node: usize, program: &[&str]| start(commrun_2x2(node, 29560, &[], bin).args(program));
     let comm_bench = bin.join("comm-bench").display().to_string();
     let waiting = commrun(
         0,
@@ -591,23 +595,10 @@ fn as_worker() -> ! {
 fn a_node_cut_at_the_last_barrier(bin: &Path) -> Duration {
     let me = std::env::current_exe().unwrap();
     let commrun = |node: usize| {
-        let mut c = Command::new("bash");
-        c.arg(cluster_sh())
-            .args([
-                "exec",
-                &format!("node{node}"),
-                "env",
-                &format!("{WORKER}=1"),
-            ])
-            .arg(bin.join("commrun"))
-            .args(["--nnodes", "2", "--node-rank", &node.to_string()])
-            .args(["--nproc-per-node", "2", "--master-addr", "10.0.0.1"])
-            .args(["--master-port", "29570"])
-            .arg(&me)
+        let mut c = commrun_2x2(node, 29570, &[format!("{WORKER}=1")], bin);
+        c.arg(&me)
             .args(["the_course_runs_across_a_cluster_in_a_box", "--exact"])
-            .args(["--nocapture", "--test-threads=1"])
-            .current_dir(REPO)
-            .plainly();
+            .args(["--nocapture", "--test-threads=1"]);
         start(&mut c)
     };
     let waiting = commrun(0);

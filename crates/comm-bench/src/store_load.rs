@@ -566,38 +566,7 @@ pub fn run(args: &crate::cli::StoreLoadArgs) -> Result<(), BenchError> {
             .find(|r| r.server == Server::Ours)
             .and_then(|r| r.best.as_ref());
         for store in &rounds {
-            let Some(m) = &store.best else {
-                println!(
-                    "{:>6}  {:<6} every round failed: {}",
-                    ranks,
-                    store.server.name(),
-                    store.failed.last().map_or("", String::as_str)
-                );
-                continue;
-            };
-            let ratio = match (m.server, ours) {
-                (Server::Torch, Some(o)) => format!(
-                    "{:.2}x the time",
-                    o.elapsed.as_secs_f64() / m.elapsed.as_secs_f64()
-                ),
-                _ => String::new(),
-            };
-            let failures = match store.failed.last() {
-                Some(why) => format!(
-                    "  ({} of {} rounds failed: {why})",
-                    store.failed.len(),
-                    args.rounds.max(1)
-                ),
-                None => String::new(),
-            };
-            println!(
-                "{:>6}  {:<6} {:>10.3} {:>12.3} {:>12.1}  {ratio}{failures}",
-                ranks,
-                m.server.name(),
-                m.elapsed.as_secs_f64(),
-                m.server_cpu.as_secs_f64(),
-                m.server_peak_kib as f64 / 1024.0
-            );
+            println!("{}", store.row(ranks, ours));
         }
         if let Some(ours) = rounds.iter().find(|r| r.server == Server::Ours) {
             if ours.best.is_none() {
@@ -614,6 +583,7 @@ struct Rounds {
     server: Server,
     best: Option<Measured>,
     failed: Vec<String>,
+    tried: usize,
 }
 
 impl Rounds {
@@ -622,10 +592,42 @@ impl Rounds {
             server,
             best: None,
             failed: Vec::new(),
+            tried: 0,
         }
     }
 
+    /// Its line of the table: the best round, torch's time against `ours`, the failed rounds.
+    fn row(&self, ranks: usize, ours: Option<&Measured>) -> String {
+        let name = self.server.name();
+        let Some(m) = &self.best else {
+            let why = self.failed.last().map_or("", String::as_str);
+            return format!("{ranks:>6}  {name:<6} every round failed: {why}");
+        };
+        let ratio = match (m.server, ours) {
+            (Server::Torch, Some(o)) => format!(
+                "{:.2}x the time",
+                o.elapsed.as_secs_f64() / m.elapsed.as_secs_f64()
+            ),
+            _ => String::new(),
+        };
+        let failures = match self.failed.last() {
+            Some(why) => format!(
+                "  ({} of {} rounds failed: {why})",
+                self.failed.len(),
+                self.tried
+            ),
+            None => String::new(),
+        };
+        format!(
+            "{ranks:>6}  {name:<6} {:>10.3} {:>12.3} {:>12.1}  {ratio}{failures}",
+            m.elapsed.as_secs_f64(),
+            m.server_cpu.as_secs_f64(),
+            m.server_peak_kib as f64 / 1024.0
+        )
+    }
+
     fn add(&mut self, round: Result<Measured, BenchError>) {
+        self.tried += 1;
         match round {
             Ok(m) if self.best.as_ref().is_none_or(|b| m.elapsed < b.elapsed) => {
                 self.best = Some(m)

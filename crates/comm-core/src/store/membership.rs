@@ -299,20 +299,32 @@ pub(super) fn claimed(key: &str) -> Option<Claim> {
     node.parse().ok().map(Claim::Node)
 }
 
-/// A claim's value, "<address> (pid <pid> on <host>)…", said as "pid <pid> at <address> on
-/// <host>", if it was made from `address` (the claim of a refused duplicate is another's).
-fn claimant(claim: &str, address: &str) -> Option<String> {
-    if claim.split(' ').next() != Some(address) {
+/// The claim stored under `key` and who made it, if the job has not ended and the claim is
+/// the connection's from `peer`. A claim's value, "<address> (pid <pid> on <host>)…", is said
+/// as "pid <pid> at <address> on <host>"; one made from another address (a refused
+/// duplicate's) is another's.
+fn open_claim<'a>(
+    values: &'a HashMap<String, Vec<u8>>,
+    key: &str,
+    peer: SocketAddr,
+) -> Option<(&'a str, String)> {
+    if values.contains_key(&wire_key("", ABORT_KEY)) {
+        return None;
+    }
+    let claim = std::str::from_utf8(values.get(&wire_key("", key))?).ok()?;
+    let address = peer.to_string();
+    if claim.split(' ').next() != Some(address.as_str()) {
         return None;
     }
     let inside = claim
         .split_once("(pid ")
         .and_then(|(_, p)| p.split_once(')'))
         .map_or("", |(p, _)| p);
-    Some(match inside.split_once(" on ") {
+    let who = match inside.split_once(" on ") {
         Some((pid, host)) => format!("pid {pid} at {address} on {host}"),
         None => format!("pid {inside} at {address}"),
-    })
+    };
+    Some((claim, who))
 }
 
 /// What our server writes when a connection from `peer` that claimed rank `rank` closes
@@ -327,17 +339,18 @@ pub(super) fn vanished(
     peer: SocketAddr,
     silent: Option<Duration>,
 ) -> Option<(String, Vec<u8>)> {
-    let abort = wire_key("", ABORT_KEY);
-    if values.contains_key(&abort) || values.contains_key(&wire_key("", &left_key(rank))) {
+    if values.contains_key(&wire_key("", &left_key(rank))) {
         return None;
     }
-    let claim = std::str::from_utf8(values.get(&wire_key("", &rank_key(rank)))?).ok()?;
-    let who = claimant(claim, &peer.to_string())?;
+    let (_, who) = open_claim(values, &rank_key(rank), peer)?;
     let why = match silent {
         Some(silence) => format!("{SILENT}{}s: {who}", silence.as_secs()),
         None => format!("{VANISHED}{who}"),
     };
-    Some((abort, format!("{rank}\n{why}").into_bytes()))
+    Some((
+        wire_key("", ABORT_KEY),
+        format!("{rank}\n{why}").into_bytes(),
+    ))
 }
 
 /// What our server writes when the connection from `peer` that claimed node `node` closed, or
@@ -351,12 +364,7 @@ pub(super) fn node_lost(
     peer: SocketAddr,
     silent: Option<Duration>,
 ) -> Option<(String, Vec<u8>)> {
-    let abort = wire_key("", ABORT_KEY);
-    if values.contains_key(&abort) {
-        return None;
-    }
-    let claim = std::str::from_utf8(values.get(&wire_key("", &node_key(node)))?).ok()?;
-    let who = claimant(claim, &peer.to_string())?;
+    let (claim, who) = open_claim(values, &node_key(node), peer)?;
     let (first, last) = claim.rsplit_once(" ranks ")?.1.split_once('-')?;
     let (first, last): (usize, usize) = (first.parse().ok()?, last.parse().ok()?);
     if (first..=last).any(|r| values.contains_key(&wire_key("", &rank_key(r)))) {
@@ -367,7 +375,10 @@ pub(super) fn node_lost(
         Some(silence) => format!("{NODE_SILENT}{node} {}s: {claim}", silence.as_secs()),
         None => format!("{NODE_GONE}{node}: {claim}"),
     };
-    Some((abort, format!("{first}\n{why}").into_bytes()))
+    Some((
+        wire_key("", ABORT_KEY),
+        format!("{first}\n{why}").into_bytes(),
+    ))
 }
 
 #[cfg(test)]
